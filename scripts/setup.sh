@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Set up .venv on a fresh machine: CPU PyTorch 2.13.0, then nexttok (editable) with the given
+# extras. Re-runs are instant while pyproject.toml and the extras are unchanged.
+#   scripts/setup.sh          # what `nexttok run` needs
+#   scripts/setup.sh test     # plus the test suite's references (transformers, tokenizers, ...)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="${1:-}"
+python="${PYTHON:-python3}"
+stamp=".venv/.nexttok-setup"
+want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16) extras=[${extras}]"
+if [ -f "$stamp" ] && grep -qxF "$want" "$stamp"; then
+    exit 0
+fi
+if [ ! -x .venv/bin/python ]; then
+    "$python" -m venv .venv
+fi
+pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
+# Pinned first, on its own: a bare `torch` requirement would pull a multi-GB CUDA build.
+"${pip[@]}" torch==2.13.0
+"${pip[@]}" -e ".${extras:+[$extras]}"
+# the stamp records every extras set installed so far, so run.sh and test.sh don't undo each other
+{ [ -f "$stamp" ] && grep -v "^$(echo "$want" | cut -d' ' -f1) " "$stamp" || true; echo "$want"; } > "$stamp.tmp"
+mv "$stamp.tmp" "$stamp"

@@ -1,0 +1,5 @@
+import sys
+
+from nexttok.cli import main
+
+sys.exit(main())

