@@ -8,8 +8,10 @@ cd "$(dirname "$0")/.."
 extras="${1:-}"
 python="${PYTHON:-python3}"
 stamp=".venv/.nexttok-setup"
-want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16) extras=[${extras}]"
-if [ -f "$stamp" ] && grep -qxF "$want" "$stamp"; then
+hash="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
+want="$hash extras=[${extras}]"
+# done already: these extras, or (for none) any extras, installed from this very pyproject.toml
+if [ -f "$stamp" ] && { grep -qxF "$want" "$stamp" || { [ -z "$extras" ] && grep -q "^$hash " "$stamp"; }; }; then
     exit 0
 fi
 if [ ! -x .venv/bin/python ]; then
@@ -19,6 +21,7 @@ pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
 # Pinned first, on its own: a bare `torch` requirement would pull a multi-GB CUDA build.
 "${pip[@]}" torch==2.13.0
 "${pip[@]}" -e ".${extras:+[$extras]}"
-# the stamp records every extras set installed so far, so run.sh and test.sh don't undo each other
-{ [ -f "$stamp" ] && grep -v "^$(echo "$want" | cut -d' ' -f1) " "$stamp" || true; echo "$want"; } > "$stamp.tmp"
+# the stamp lists each extras set installed from this pyproject.toml, so run.sh and test.sh
+# don't reinstall in turn
+{ grep "^$hash " "$stamp" 2>/dev/null || true; echo "$want"; } > "$stamp.tmp"
 mv "$stamp.tmp" "$stamp"
