@@ -1,0 +1,71 @@
+"""Attention infrastructure shared by the architectures: the mask and the attention call.
+
+Every token carries its position; a position of -1 marks padding or an empty cache slot. The mask
+follows from positions alone, so causal order, left padding, sliding windows and a truncated
+cache all come out of one rule: query at position p sees key at position j when 0 <= j <= p
+(and p - j < window for sliding-window layers).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None = None) -> torch.Tensor:
+    """Boolean mask (B, 1, T, S), True where attention is allowed.
+
+    q_pos (B, T) and k_pos (B, S) hold positions (-1 = padding). A padding query may see every
+    key (its output is never used) so no row is all False, which would make softmax NaN.
+    attention_mask([[0, 1]], [[0, 1]]) -> [[[[True, False], [True, True]]]]
+    """
+    q = q_pos[:, :, None]  # (B, T, 1)
+    k = k_pos[:, None, :]  # (B, 1, S)
+    allowed = (k >= 0) & (k <= q)
+    if window is not None:
+        allowed &= (q - k) < window
+    allowed |= q < 0
+    return allowed[:, None]  # (B, 1, T, S)
+
+
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+    attention_out: list | None = None,
+) -> torch.Tensor:
+    """Scaled dot-product attention with grouped-query heads.
+
+    q (B, n_head, T, head_dim); k, v (B, n_kv_head, S, head_dim); returns (B, n_head, T, head_dim).
+    When attention_out is a list, the weights of the last query over all keys (B, n_head, S) are
+    appended to it, computed apart from the fast kernel, so there is no cost when it is None.
+    """
+    n_rep = q.shape[1] // k.shape[1]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=n_rep > 1)
+    if attention_out is not None:
+        k_full = k.repeat_interleave(n_rep, dim=1) if n_rep > 1 else k  # (B, n_head, S, head_dim)
+        scores = (q[:, :, -1:] @ k_full.transpose(-1, -2)) / q.shape[-1] ** 0.5  # (B, n_head, 1, S)
+        scores = scores.masked_fill(~mask[:, :, -1:], float("-inf"))
+        attention_out.append(torch.softmax(scores.float(), dim=-1)[:, :, 0])  # (B, n_head, S)
+    return out
+
+
+def positions_for(ids: torch.Tensor, cache, positions: torch.Tensor | None, limit: int) -> torch.Tensor:
+    """Positions (B, T) of this call's tokens: given, or continuing after what the cache holds.
+
+    positions_for(ids of shape (1, 3), cache holding 5 slots, None, 1024) -> [[5, 6, 7]]
+    """
+    b, t = ids.shape
+    if positions is None:
+        start = cache.offset if cache is not None else 0
+        if start + t > limit:
+            raise ValueError(f"positions {start}..{start + t - 1} exceed the model's context of {limit}")
+        return torch.arange(start, start + t, device=ids.device).expand(b, t)
+    if positions.shape != ids.shape:
+        raise ValueError(f"positions shape {tuple(positions.shape)} != ids shape {tuple(ids.shape)}")
+    if int(positions.max()) >= limit:
+        raise ValueError(f"position {int(positions.max())} exceeds the model's context of {limit}")
+    return positions
+
+
+def masks_for(q_pos: torch.Tensor, k_pos: torch.Tensor, windows: set[int | None]) -> dict:
+    """One mask per distinct window size among the layers: {None: full, 4096: sliding, ...}."""
+    return {w: attention_mask(q_pos, k_pos, w) for w in windows}

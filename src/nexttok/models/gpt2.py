@@ -1,0 +1,105 @@
+"""GPT-2.
+
+ids ─wte + wpe(position)→ x ─N × [x += attn(LayerNorm(x)); x += MLP(LayerNorm(x))]→ LayerNorm ─lm_head→ logits
+
+Learned absolute position embeddings, one fused c_attn projection for q/k/v, a GELU (tanh) MLP,
+lm_head tied to the token embedding. HF stores the projections as Conv1D (in, out); the loader
+transposes them into nn.Linear (out, in).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nexttok.config import ModelConfig
+from nexttok.models.attention import attend, masks_for, positions_for
+
+ACTIVATIONS = {
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_fast": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu": F.gelu,
+    "relu": F.relu,
+}
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_head, self.head_dim = config.num_attention_heads, config.head_dim
+        hidden = config.hidden_size
+        self.c_attn = nn.Linear(hidden, 3 * hidden)
+        self.c_proj = nn.Linear(hidden, hidden)
+
+    def forward(self, x, masks, cache, attention_out):
+        b, t, hidden = x.shape
+        q, k, v = self.c_attn(x).split(hidden, dim=2)  # each (B, T, hidden)
+        q = q.view(b, t, self.n_head, self.head_dim).transpose(1, 2)  # (B, n_head, T, hd)
+        k = k.view(b, t, self.n_head, self.head_dim).transpose(1, 2)
+        v = v.view(b, t, self.n_head, self.head_dim).transpose(1, 2)
+        if cache is not None:
+            k, v = cache.update_and_fetch(self.layer_idx, k, v)  # (B, n_head, S, hd)
+        y = attend(q, k, v, masks[None], attention_out)  # (B, n_head, T, hd)
+        return self.c_proj(y.transpose(1, 2).reshape(b, t, hidden))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.c_proj = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.act = ACTIVATIONS[config.hidden_act]
+
+    def forward(self, x):
+        return self.c_proj(self.act(self.c_fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
+        self.attn = Attention(config, layer_idx)
+        self.ln_2 = nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x, masks, cache, attention_out):
+        x = x + self.attn(self.ln_1(x), masks, cache, attention_out)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT2(nn.Module):
+    # checkpoint tensor name = CHECKPOINT_PREFIX + our name (old checkpoints omit the prefix)
+    CHECKPOINT_PREFIX = "transformer."
+    UNPREFIXED = ("lm_head.",)
+    TRANSPOSED = (".c_attn.weight", ".c_proj.weight", ".c_fc.weight")  # HF Conv1D is (in, out)
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.wpe = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.h = nn.ModuleList(Block(config, i) for i in range(config.num_hidden_layers))
+        self.ln_f = nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.wte.weight
+
+    def init_buffers(self) -> None:
+        """GPT-2 has no computed buffers."""
+
+    def forward(self, ids: torch.Tensor, cache=None, positions: torch.Tensor | None = None,
+                attention_out: list | None = None) -> torch.Tensor:
+        """ids (B, T) -> logits (B, T, vocab). positions (B, T), -1 = padding; default: next ones."""
+        q_pos = positions_for(ids, cache, positions, self.config.max_position_embeddings)
+        k_pos = cache.append_positions(q_pos) if cache is not None else q_pos  # (B, S)
+        masks = masks_for(q_pos, k_pos, {None})
+        x = self.wte(ids) + self.wpe(q_pos.clamp(min=0))  # (B, T, hidden)
+        for block in self.h:
+            x = block(x, masks, cache, attention_out)
+        return self.lm_head(self.ln_f(x))

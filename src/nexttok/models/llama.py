@@ -1,0 +1,159 @@
+"""Llama family: Llama (1-3), SmolLM, Qwen2, Mistral.
+
+ids ─embed_tokens→ x ─N × [x += attn(RMSNorm(x)); x += SwiGLU(RMSNorm(x))]→ RMSNorm ─lm_head→ logits
+
+Attention uses rotary position embeddings (RoPE) on q and k, grouped-query heads (several query
+heads share one key/value head), optional q/k/v bias (Qwen2) and sliding windows (Mistral).
+Module names follow the HF checkpoint ("model." prefix aside).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nexttok.config import ModelConfig
+from nexttok.models.attention import attend, masks_for, positions_for
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()  # the mean of squares in float32, as the reference does
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
+    """Rotation speed of each pair of dimensions (head_dim // 2,), with rope_scaling applied."""
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    scaling = config.rope_scaling
+    if scaling is None:
+        return inv_freq
+    factor = scaling["factor"]
+    if scaling["rope_type"] == "linear":
+        return inv_freq / factor
+    # llama3: long wavelengths slowed by `factor`, short kept, a smooth blend in between
+    old_len = scaling["original_max_position_embeddings"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < old_len / high) & ~(wavelen > old_len / low)
+    return torch.where(medium, blended, scaled)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x[i], x[i + d/2]) by each position's angle. x (B, H, T, D); cos/sin (B, 1, T, D/2)."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_head, self.n_kv_head, self.head_dim = (
+            config.num_attention_heads, config.num_key_value_heads, config.head_dim)
+        hidden, bias = config.hidden_size, config.attention_bias
+        self.q_proj = nn.Linear(hidden, self.n_head * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden, self.n_kv_head * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden, self.n_kv_head * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.n_head * self.head_dim, hidden, bias=config.o_proj_bias)
+        sliding = config.layer_types[layer_idx] == "sliding_attention"
+        self.window = config.sliding_window if sliding else None
+
+    def forward(self, x, cos, sin, masks, cache, attention_out):
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.n_head, self.head_dim).transpose(1, 2)  # (B, n_head, T, hd)
+        k = self.k_proj(x).view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv, T, hd)
+        v = self.v_proj(x).view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv, T, hd)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is not None:
+            k, v = cache.update_and_fetch(self.layer_idx, k, v)  # (B, n_kv, S, hd)
+        y = attend(q, k, v, masks[self.window], attention_out)  # (B, n_head, T, hd)
+        return self.o_proj(y.transpose(1, 2).reshape(b, t, self.n_head * self.head_dim))
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        hidden, inner, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gate_proj = nn.Linear(hidden, inner, bias=bias)
+        self.up_proj = nn.Linear(hidden, inner, bias=bias)
+        self.down_proj = nn.Linear(inner, hidden, bias=bias)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.self_attn = Attention(config, layer_idx)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cos, sin, masks, cache, attention_out):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, masks, cache, attention_out)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Llama(nn.Module):
+    # checkpoint tensor name = CHECKPOINT_PREFIX + our name, except names starting with UNPREFIXED
+    CHECKPOINT_PREFIX = "model."
+    UNPREFIXED = ("lm_head.",)
+    TRANSPOSED: tuple[str, ...] = ()
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights()
+        self.register_buffer("rope_cos", torch.empty(0), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(0), persistent=False)
+        self._windows = {layer.self_attn.window for layer in self.layers}
+        self.init_buffers()
+
+    def tie_weights(self) -> None:
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def init_buffers(self) -> None:
+        """(Re)compute the RoPE tables (max_position_embeddings, head_dim // 2) in float32."""
+        device = self.embed_tokens.weight.device
+        positions = torch.arange(self.config.max_position_embeddings, dtype=torch.float32)
+        angles = positions[:, None] * rope_inverse_frequencies(self.config)[None, :]  # (P, hd/2)
+        self.rope_cos = angles.cos().to(device)
+        self.rope_sin = angles.sin().to(device)
+
+    def forward(self, ids: torch.Tensor, cache=None, positions: torch.Tensor | None = None,
+                attention_out: list | None = None) -> torch.Tensor:
+        """ids (B, T) -> logits (B, T, vocab). positions (B, T), -1 = padding; default: next ones."""
+        q_pos = positions_for(ids, cache, positions, self.config.max_position_embeddings)
+        k_pos = cache.append_positions(q_pos) if cache is not None else q_pos  # (B, S)
+        masks = masks_for(q_pos, k_pos, self._windows)
+        rows = q_pos.clamp(min=0)
+        x = self.embed_tokens(ids)  # (B, T, hidden)
+        cos = self.rope_cos[rows].to(x.dtype)[:, None]  # (B, 1, T, hd/2)
+        sin = self.rope_sin[rows].to(x.dtype)[:, None]
+        for layer in self.layers:
+            x = layer(x, cos, sin, masks, cache, attention_out)
+        return self.lm_head(self.norm(x))
