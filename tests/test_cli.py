@@ -1,4 +1,4 @@
-"""`nexttok tokenize` through the real entry points."""
+"""The CLI through its real entry points: tokenize, run, explain."""
 
 from __future__ import annotations
 
@@ -6,7 +6,10 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from nexttok.cli import main
+from tiny_models import write_tiny_with_gpt2_tokenizer
 
 
 def test_tokenize_json(capsys, gpt2):
@@ -44,3 +47,53 @@ def test_tokenize_stdin_via_module():
 def test_tokenize_error_is_clear(capsys, tmp_path):
     assert main(["tokenize", str(tmp_path), "x"]) == 2
     assert "no tokenizer in" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory, gpt2_dir):
+    directory = tmp_path_factory.mktemp("tiny_gpt2_vocab")
+    write_tiny_with_gpt2_tokenizer("llama_gqa_llama3_rope", directory, gpt2_dir)
+    return directory
+
+
+def test_run_streams_and_reports_speed(capsys, tiny_dir, gpt2):
+    from nexttok.generate import generate
+    from nexttok.sampling import SamplingParams
+    from nexttok.weights import load_checkpoint
+
+    assert main(["run", str(tiny_dir), "The capital of France is", "--seed", "3", "--max-tokens", "8"]) == 0
+    captured = capsys.readouterr()
+    model, tokenizer = load_checkpoint(tiny_dir)
+    params = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=3)
+    expected = generate(model, tokenizer, "The capital of France is", params, max_tokens=8)
+    assert captured.out == expected.text + "\n"
+    assert "tokens/s" in captured.err and "first token" in captured.err
+
+
+def test_run_json_and_no_cache_agree(capsys, tiny_dir):
+    args = ["run", str(tiny_dir), "Hello", "--temperature", "0", "--max-tokens", "5", "--json"]
+    assert main(args) == 0
+    cached = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert main([*args, "--no-cache"]) == 0
+    uncached = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["token_id"] for r in cached] == [r["token_id"] for r in uncached]
+    assert len(cached) == 5 and cached[-1]["finish_reason"] == "length"
+    assert {"logprob", "rank", "top", "top_filtered", "elapsed", "text"} <= set(cached[0])
+
+
+def test_explain_shows_tables(capsys, tiny_dir):
+    assert main(["explain", str(tiny_dir), "The capital of France is", "--steps", "2", "--top", "4",
+                 "--seed", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("step ") >= 2 and "everything else" in out and "tokens kept: raw 50257" in out
+    assert "entropy" in out and "␣capital" in out
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--temperature", "-1"], "temperature must be a number >= 0"),
+    (["--top-p", "0"], "top_p must be in"),
+    (["--max-tokens", "0"], "max_tokens must be an integer >= 1"),
+])
+def test_run_bad_values(capsys, tiny_dir, args, message):
+    assert main(["run", str(tiny_dir), "x", *args]) == 2
+    assert message in capsys.readouterr().err

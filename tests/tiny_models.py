@@ -28,12 +28,14 @@ SPECS = {
 }
 
 
-def write_tiny(name: str, directory: Path, seed: int = 0, **save_kwargs):
+def write_tiny(name: str, directory: Path, seed: int = 0, vocab_size: int | None = None, **save_kwargs):
     """Build the HF model for `name` with random weights, save it, return it (eval mode)."""
     import torch
     import transformers
 
     cls_name, kwargs = SPECS[name]
+    if vocab_size:
+        kwargs = {**kwargs, "vocab_size": vocab_size}
     config = getattr(transformers, cls_name)(**kwargs)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
@@ -42,4 +44,14 @@ def write_tiny(name: str, directory: Path, seed: int = 0, **save_kwargs):
             p.normal_(0, 0.2)
     model.eval()
     model.save_pretrained(directory, **save_kwargs)
+    return model
+
+
+def write_tiny_with_gpt2_tokenizer(name: str, directory: Path, gpt2_dir: Path, seed: int = 0):
+    """A tiny model over the real GPT-2 vocab, with GPT-2's tokenizer files beside it."""
+    import shutil
+
+    model = write_tiny(name, directory, seed=seed, vocab_size=50257)
+    shutil.copy(gpt2_dir / "encoder.json", directory / "vocab.json")
+    shutil.copy(gpt2_dir / "vocab.bpe", directory / "merges.txt")
     return model

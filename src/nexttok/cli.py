@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import sys
 
 from rich.console import Console
 from rich.table import Table
 
 from nexttok.tokenizer import Piece, load_tokenizer
+
+# llama.cpp's defaults for an interactive run; the library's SamplingParams defaults are neutral
+CLI_SAMPLING = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repetition_penalty=1.0)
 
 
 def _visible(text: str) -> str:
@@ -60,6 +65,117 @@ def _escape(text: str) -> str:
     return escape(text)
 
 
+def _sampling_params(args: argparse.Namespace):
+    from nexttok.sampling import SamplingParams
+
+    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                          min_p=args.min_p, repetition_penalty=args.repetition_penalty, seed=args.seed)
+
+
+def _load(args: argparse.Namespace):
+    from nexttok.weights import load_checkpoint
+
+    return load_checkpoint(args.model, dtype=args.dtype, device=args.device)
+
+
+def _step_record(step) -> dict:
+    record = dataclasses.asdict(step)
+    if record["stages"] is None:
+        del record["stages"]
+    return record
+
+
+def cmd_run(args: argparse.Namespace, out: Console) -> int:
+    from nexttok.generate import stream
+
+    model, tokenizer = _load(args)
+    err = Console(stderr=True)
+    steps = stream(model, tokenizer, _read_text(args.prompt), _sampling_params(args),
+                   max_tokens=args.max_tokens, stop=args.stop, use_cache=not args.no_cache)
+    prefill = decode = 0.0
+    count, finish = 0, None
+    for step in steps:
+        if args.json:
+            print(json.dumps(_step_record(step), ensure_ascii=False), flush=True)
+        else:
+            sys.stdout.write(step.text)
+            sys.stdout.flush()
+        prefill += step.elapsed if step.prefill else 0.0
+        decode += 0.0 if step.prefill else step.elapsed
+        count, finish = count + 1, step.finish_reason
+    if not args.json:
+        sys.stdout.write("\n")
+    rate = f"{(count - 1) / decode:.1f} tokens/s" if decode > 0 else "n/a"
+    err.print(f"[dim]{count} tokens ({finish}); first token {prefill * 1000:.0f} ms; decode {rate}"
+              f"{' (no cache)' if args.no_cache else ''}[/]")
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace, out: Console) -> int:
+    from nexttok.generate import prompt_ids_for, stream
+
+    if args.steps < 1 or args.top < 1:
+        raise ValueError(f"--steps and --top must be >= 1, got {args.steps} and {args.top}")
+    model, tokenizer = _load(args)
+    prompt = _read_text(args.prompt)
+    ids = prompt_ids_for(model, tokenizer, prompt)
+    chips = " ".join(f"[reverse]{_escape(_visible(p.text))}[/][dim]{p.id}[/]" for p in tokenizer.pieces(ids))
+    out.print(f"[bold]prompt[/] → {len(ids)} tokens: {chips}")
+    params = _sampling_params(args)
+    steps = stream(model, tokenizer, prompt, params, max_tokens=args.steps, stop=args.stop,
+                   top_n=args.top, record_stages=True)
+    text = ""
+    for step in steps:
+        out.print(_explain_table(step, prompt + text))
+        text += step.text
+    out.print(f"[bold]result:[/] {_escape(prompt)}[green]{_escape(text)}[/]")
+    return 0
+
+
+def _explain_table(step, text_so_far: str) -> Table:
+    raw, final = step.stages[0], step.stages[-1]
+    after = dict(zip(final.top_ids, final.top_probs, strict=True))
+    fully_listed = final.kept <= len(final.top_ids)
+    title = (f"step {step.index + 1}: after …{_escape(repr(text_so_far[-30:]))} — chose "
+             f"{_escape(_visible(step.token_text))!r} (id {step.token_id}, rank {step.rank})")
+    table = Table(title=title, title_justify="left", show_header=True, header_style="bold")
+    for name, justify in (("rank", "right"), ("token", "left"), ("id", "right"), ("p", "right"),
+                          ("", "left"), ("after sampler", "right")):
+        table.add_column(name, justify=justify)
+    for rank, alt in enumerate(step.top, 1):
+        p = math.exp(alt.logprob)
+        q = after.get(alt.id)
+        shown = f"{q:.2%}" if q is not None else ("cut" if fully_listed else "<")
+        style = "bold green" if alt.id == step.token_id else ""
+        table.add_row(str(rank), _escape(_visible(alt.text)), str(alt.id), f"{p:.2%}",
+                      "█" * round(p * 30), shown, style=style)
+    other = 1 - sum(math.exp(a.logprob) for a in step.top)
+    table.add_row("", "[dim]everything else[/]", "", f"{max(other, 0.0):.2%}", "", "")
+    chain = " → ".join(f"{r.name} {r.kept}" for r in step.stages)
+    draw = f"draw u={step.draw:.3f}" if step.draw is not None else "greedy"
+    table.caption = (f"tokens kept: {chain}; entropy {raw.entropy:.2f} → {final.entropy:.2f} bits; "
+                     f"{draw}; {step.elapsed * 1000:.0f} ms")
+    table.caption_justify = "left"
+    return table
+
+
+def _add_generation_args(p: argparse.ArgumentParser, max_tokens: int | None) -> None:
+    p.add_argument("model", help="checkpoint directory (config.json, *.safetensors, tokenizer) or hub id")
+    p.add_argument("prompt", help="prompt text ('-' reads standard input)")
+    p.add_argument("--temperature", type=float, default=CLI_SAMPLING["temperature"],
+                   help="0 = greedy (default %(default)s)")
+    p.add_argument("--top-k", type=int, default=CLI_SAMPLING["top_k"], help="0 = off (default %(default)s)")
+    p.add_argument("--top-p", type=float, default=CLI_SAMPLING["top_p"], help="(default %(default)s)")
+    p.add_argument("--min-p", type=float, default=CLI_SAMPLING["min_p"], help="(default %(default)s)")
+    p.add_argument("--repetition-penalty", type=float, default=CLI_SAMPLING["repetition_penalty"])
+    p.add_argument("--seed", type=int, default=None, help="same seed, same tokens")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--dtype", default=None, help="float32 (CPU default), bfloat16, float16")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    if max_tokens is not None:
+        p.add_argument("--max-tokens", type=int, default=max_tokens, help="(default %(default)s)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nexttok", description="See how a language model makes text.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -72,6 +188,19 @@ def build_parser() -> argparse.ArgumentParser:
     tok.add_argument("--add-special", action="store_true",
                      help="add the BOS/EOS tokens the tokenizer's post-processor defines")
     tok.set_defaults(func=cmd_tokenize)
+
+    run = sub.add_parser("run", help="generate text, streamed as it is made")
+    _add_generation_args(run, max_tokens=128)
+    run.add_argument("--json", action="store_true", help="one JSON object per generated token")
+    run.add_argument("--no-cache", action="store_true",
+                     help="recompute the whole context every step (shows what the KV cache saves)")
+    run.set_defaults(func=cmd_run)
+
+    explain = sub.add_parser("explain", help="show each step: the next-token table and the sampler")
+    _add_generation_args(explain, max_tokens=None)
+    explain.add_argument("--steps", type=int, default=5, help="tokens to explain (default %(default)s)")
+    explain.add_argument("--top", type=int, default=10, help="rows per table (default %(default)s)")
+    explain.set_defaults(func=cmd_explain)
     return parser
 
 
@@ -85,6 +214,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

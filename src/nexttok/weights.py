@@ -248,3 +248,35 @@ def load_model(source: str | Path, *, dtype: str | torch.dtype | None = None,
     model.init_buffers()
     model.directory = directory
     return model.eval()
+
+
+def read_generation_stop_ids(directory: Path) -> list[int]:
+    """eos_token_id from generation_config.json (often longer than config.json's), if present."""
+    path = directory / "generation_config.json"
+    if not path.is_file():
+        return []
+    try:
+        value = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id")
+    except (ValueError, AttributeError):
+        raise ConfigError(f"{path} is not a valid JSON object") from None
+    ids = [] if value is None else value if isinstance(value, list) else [value]
+    if not all(type(i) is int for i in ids):
+        raise ConfigError(f"{path}: eos_token_id must be an integer or a list of integers")
+    return ids
+
+
+def load_checkpoint(source: str | Path, *, dtype: str | torch.dtype | None = None,
+                    device: str | None = None):
+    """(model, tokenizer) from one checkpoint directory or hub id; stop ids from both configs."""
+    from nexttok.tokenizer import from_directory
+
+    model = load_model(source, dtype=dtype, device=device)
+    tokenizer = from_directory(model.directory)
+    config = model.config
+    for i in read_generation_stop_ids(model.directory):
+        if i not in config.eos_token_id:
+            config.eos_token_id.append(i)
+    if tokenizer.vocab_size > config.vocab_size:
+        raise CheckpointError(f"tokenizer has {tokenizer.vocab_size} ids but the model only "
+                              f"{config.vocab_size} embeddings")
+    return model, tokenizer

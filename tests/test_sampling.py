@@ -1,0 +1,192 @@
+"""Each sampler stage by hand and against HF's logits processors; the draw, statistically."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from nexttok.sampling import (
+    History,
+    LogitBias,
+    MinP,
+    Penalties,
+    SamplerChain,
+    SamplingParams,
+    Temperature,
+    TopK,
+    TopP,
+    entropy_bits,
+    pick,
+)
+
+NO_HISTORY = History.start([], 8)
+
+
+def _logits(probs) -> torch.Tensor:
+    return torch.tensor(probs, dtype=torch.float32).log()  # log(0) = -inf: cut from the start
+
+
+def _kept(logits: torch.Tensor) -> list[int]:
+    return torch.nonzero(logits > float("-inf")).flatten().tolist()
+
+
+def test_top_p_keeps_smallest_set_reaching_p():
+    assert _kept(TopP(0.3)(_logits([0.9, 0, 0, 0.1]), NO_HISTORY)) == [0]
+    assert _kept(TopP(0.9)(_logits([0.5, 0.3, 0.15, 0.05]), NO_HISTORY)) == [0, 1, 2]
+    assert _kept(TopP(1.0)(_logits([0.5, 0.3, 0.15, 0.05]), NO_HISTORY)) == [0, 1, 2, 3]
+    assert _kept(TopP(0.01)(_logits([0.25, 0.25, 0.5]), NO_HISTORY)) == [2]
+
+
+def test_top_k_keeps_ties_with_the_kth():
+    assert _kept(TopK(2)(torch.tensor([1.0, 3.0, 2.0, 0.0]), NO_HISTORY)) == [1, 2]
+    assert _kept(TopK(2)(torch.tensor([1.0, 1.0, 1.0, 0.0]), NO_HISTORY)) == [0, 1, 2]
+    assert _kept(TopK(10)(torch.tensor([1.0, 0.0]), NO_HISTORY)) == [0, 1]
+
+
+def test_min_p_is_relative_to_the_top_token():
+    assert _kept(MinP(0.2)(_logits([0.5, 0.3, 0.09, 0.11]), NO_HISTORY)) == [0, 1, 3]
+
+
+def test_temperature_rescales():
+    out = Temperature(2.0)(torch.tensor([2.0, -4.0]), NO_HISTORY)
+    assert out.tolist() == [1.0, -2.0]
+    sharp = Temperature(0.5)(_logits([0.6, 0.4]), NO_HISTORY).softmax(-1)
+    assert sharp[0] == pytest.approx(0.36 / 0.52, abs=1e-6)
+
+
+def test_penalties():
+    history = History.start([0], 4)  # token 0 in the prompt
+    history.add(1)
+    history.add(1)
+    history.add(2)
+    logits = torch.tensor([2.0, -2.0, 1.0, 1.0])
+    assert Penalties(2.0, 0, 0)(logits, history).tolist() == [1.0, -4.0, 0.5, 1.0]
+    # presence/frequency count generated tokens only (OpenAI, vLLM): token 0 is prompt-only
+    assert Penalties(1.0, 0.5, 0.25)(logits, history).tolist() == [2.0, -3.0, 0.25, 1.0]
+
+
+def test_logit_bias():
+    out = LogitBias({3: 100.0, 0: -100.0}, 4)(torch.zeros(4), NO_HISTORY)
+    assert out.tolist() == [-100.0, 0.0, 0.0, 100.0]
+    with pytest.raises(ValueError, match="logit_bias token id 9 is outside the vocabulary \\(0..3\\)"):
+        LogitBias({9: 1.0}, 4)
+
+
+def test_order_matters_temperature_before_top_p():
+    logits = _logits([0.7, 0.2, 0.1])
+    default = SamplerChain.from_params(SamplingParams(temperature=0.5, top_p=0.85), 3)
+    temp_first = SamplerChain.from_params(
+        SamplingParams(temperature=0.5, top_p=0.85, order=["temperature", "top_p"]), 3)
+    assert [s.name for s in default.stages] == ["top_p", "temperature"]
+    assert _kept(default(logits, NO_HISTORY)) == [0, 1]  # top_p saw the untempered 0.7/0.2/0.1
+    assert _kept(temp_first(logits, NO_HISTORY)) == [0]  # sharpened first: 0.907 alone reaches 0.85
+
+
+def test_neutral_settings_build_no_stage():
+    assert SamplerChain.from_params(SamplingParams(), 8).stages == []
+    greedy = SamplerChain.from_params(SamplingParams(temperature=0, top_k=5, top_p=0.5), 8)
+    assert greedy.stages == [] and greedy.greedy
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_stages_match_hf_logits_processors(seed):
+    from transformers.generation.logits_process import (
+        MinPLogitsWarper,
+        RepetitionPenaltyLogitsProcessor,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(1000, generator=gen) * 3
+    prompt = torch.randint(0, 1000, (30,), generator=gen)
+    history = History.start(prompt.tolist(), 1000)
+    cases = [
+        (TopK(50), TopKLogitsWarper(50)),
+        (TopP(0.8), TopPLogitsWarper(0.8)),
+        (MinP(0.05), MinPLogitsWarper(0.05)),
+        (Temperature(0.7), TemperatureLogitsWarper(0.7)),
+        (Penalties(1.3, 0, 0), RepetitionPenaltyLogitsProcessor(1.3)),
+    ]
+    for ours, theirs in cases:
+        expected = theirs(prompt[None], logits[None].clone())[0]
+        torch.testing.assert_close(ours(logits, history), expected, msg=type(ours).__name__)
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"temperature": -0.1}, "temperature must be a number >= 0, got -0.1"),
+    ({"temperature": float("nan")}, "temperature must be a number >= 0, got nan"),
+    ({"temperature": "hot"}, "temperature must be a number >= 0"),
+    ({"top_p": 0.0}, "top_p must be in \\(0, 1\\], got 0.0"),
+    ({"top_p": 1.5}, "top_p must be in \\(0, 1\\]"),
+    ({"top_k": -1}, "top_k must be an integer >= 0"),
+    ({"top_k": 2.5}, "top_k must be an integer >= 0"),
+    ({"min_p": 1.1}, "min_p must be in \\[0, 1\\]"),
+    ({"repetition_penalty": 0.0}, "repetition_penalty must be a number > 0"),
+    ({"presence_penalty": 2.5}, "presence_penalty must be in \\[-2, 2\\]"),
+    ({"frequency_penalty": -3}, "frequency_penalty must be in \\[-2, 2\\]"),
+    ({"logit_bias": {"5": 1.0}}, "logit_bias keys must be token ids"),
+    ({"logit_bias": {5: 200.0}}, "logit_bias\\[5\\] must be in \\[-100, 100\\]"),
+    ({"seed": -1}, "seed must be an integer in \\[0, 2\\*\\*63\\)"),
+    ({"order": ["top_k", "magic"]}, "order must list distinct stages"),
+    ({"order": ["top_k", "top_k"]}, "order must list distinct stages"),
+])
+def test_bad_params_name_the_parameter(changes, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**changes)
+
+
+def test_non_finite_logits_are_refused():
+    chain = SamplerChain.from_params(SamplingParams(seed=0), 3)
+    with pytest.raises(ValueError, match="1 NaN/\\+inf logits"):
+        chain.sample(torch.tensor([0.0, float("nan"), 1.0]), NO_HISTORY)
+    with pytest.raises(ValueError, match="NaN/\\+inf"):
+        chain.sample(torch.tensor([0.0, float("inf"), 1.0]), NO_HISTORY)
+    with pytest.raises(ValueError, match="every token has -inf logit"):
+        chain.sample(torch.full((3,), float("-inf")), NO_HISTORY)
+
+
+def test_pick_walks_tokens_by_probability():
+    logits = _logits([0.2, 0.5, 0.3, 0.0])
+    assert pick(logits, 0.0) == 1
+    assert pick(logits, 0.49) == 1
+    assert pick(logits, 0.51) == 2
+    assert pick(logits, 0.81) == 0
+    assert pick(logits, 0.9999999) == 0  # never the cut token 3
+
+
+def test_sampled_frequencies_match_softmax():
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0, 1.5, 0.2])
+    expected = logits.softmax(-1)
+    chain = SamplerChain.from_params(SamplingParams(temperature=1.0, seed=1234), 8)
+    n = 20_000
+    counts = torch.zeros(8)
+    for _ in range(n):
+        counts[chain.sample(logits, NO_HISTORY)[0]] += 1
+    chi2 = float((((counts - n * expected) ** 2) / (n * expected)).sum())
+    assert chi2 < 24.3, f"chi-square {chi2:.1f} over 7 degrees of freedom (p < 0.001 would fail)"
+
+
+def test_same_seed_same_draws_and_other_seed_differs():
+    logits = torch.randn(50, generator=torch.Generator().manual_seed(0))
+
+    def draws(seed):
+        chain = SamplerChain.from_params(SamplingParams(temperature=1.3, top_p=0.9, seed=seed), 50)
+        return [chain.sample(logits, NO_HISTORY)[0] for _ in range(40)]
+
+    assert draws(7) == draws(7)
+    assert draws(7) != draws(8)
+
+
+def test_recording_each_stage():
+    chain = SamplerChain.from_params(SamplingParams(temperature=0.5, top_k=3, top_p=0.9, seed=0), 6)
+    record: list = []
+    chain.sample(torch.tensor([3.0, 2.0, 1.0, 0.0, -1.0, -2.0]), NO_HISTORY, record)
+    assert [r.name for r in record] == ["raw", "top_k", "top_p", "temperature"]
+    assert [r.kept for r in record][:2] == [6, 3]
+    assert record[-1].top_probs[0] > record[0].top_probs[0]
+    assert math.isclose(sum(record[1].top_probs), 1.0, rel_tol=1e-6)
+    assert entropy_bits(torch.tensor([0.5, 0.5])) == pytest.approx(1.0)
