@@ -21,13 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from corpus import corpus  # noqa: E402
-from nexttok.tokenizer import (  # noqa: E402
-    BUNDLED_TOKENIZERS,
-    GPT2_PATTERN,
-    _package_dir,
-    _token_bytes,
-    from_directory,
-)
+from nexttok.bundled import tokenizer_dir  # noqa: E402
+from nexttok.tokenizer import GPT2_PATTERN, _token_bytes, from_directory  # noqa: E402
 
 
 def bench_text(megabytes: float) -> str:
@@ -113,7 +108,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--mb", type=float, default=2.0, help="megabytes of text")
     args = parser.parse_args()
-    directory = _package_dir(*BUNDLED_TOKENIZERS["gpt2"])
+    directory = tokenizer_dir("gpt2")
     text = bench_text(args.mb)
     lines = text.splitlines(keepends=True)
     size_mb = len(text.encode()) / 1e6

