@@ -25,7 +25,13 @@ SPECS = {
                                           sliding_window=6, max_window_layers=1)),
     "qwen2": ("Qwen2Config", dict(COMMON, num_key_value_heads=2, tie_word_embeddings=True)),
     "mistral": ("MistralConfig", dict(COMMON, num_key_value_heads=2, sliding_window=5)),
+    "llama_long_context": ("LlamaConfig", dict(COMMON, num_key_value_heads=2, max_position_embeddings=4096,
+                                               bos_token_id=50256, eos_token_id=50256)),
 }
+
+CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content']"
+          " + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+          "{% endif %}")
 
 
 def write_tiny(name: str, directory: Path, seed: int = 0, vocab_size: int | None = None, **save_kwargs):
@@ -55,3 +61,10 @@ def write_tiny_with_gpt2_tokenizer(name: str, directory: Path, gpt2_dir: Path, s
     shutil.copy(gpt2_dir / "encoder.json", directory / "vocab.json")
     shutil.copy(gpt2_dir / "vocab.bpe", directory / "merges.txt")
     return model
+
+
+def write_chat_template(directory: Path, template: str = CHATML) -> None:
+    import json
+
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps({"chat_template": template, "eos_token": "<|endoftext|>"}), encoding="utf-8")

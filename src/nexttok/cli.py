@@ -230,6 +230,31 @@ def _hf_cached_checkpoints() -> list[tuple[str, str]]:
     return found
 
 
+def cmd_serve(args: argparse.Namespace, out: Console) -> int:
+    import os
+
+    import uvicorn
+
+    from nexttok.server import create_app, load_served
+
+    sources = args.models or [DEFAULT_MODEL]
+    names = args.served_model_name or []
+    if names and len(names) != len(sources):
+        raise ValueError(f"--served-model-name given {len(names)} times for {len(sources)} models")
+    err = Console(stderr=True)
+    served = []
+    for i, source in enumerate(sources):
+        err.print(f"[dim]loading {source} ...[/]")
+        served.append(load_served(source, names[i] if names else None, dtype=args.dtype, device=args.device,
+                                  on_convert=lambda t, s=source: err.print(f"[dim]converting {s} once to {t}[/]")))
+    api_key = args.api_key or os.environ.get("NEXTTOK_API_KEY")
+    app = create_app(served, api_key=api_key)
+    err.print(f"serving {', '.join(m.name for m in served)} on http://{args.host}:{args.port} "
+              f"({'API key required' if api_key else 'no API key'})")
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nexttok", description="See how a language model makes text.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -255,6 +280,19 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--steps", type=int, default=5, help="tokens to explain (default %(default)s)")
     explain.add_argument("--top", type=int, default=10, help="rows per table (default %(default)s)")
     explain.set_defaults(func=cmd_explain)
+
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    serve.add_argument("models", nargs="*", metavar="MODEL",
+                       help=f"models to serve (default: the bundled {DEFAULT_MODEL})")
+    serve.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", default=None,
+                       help="require 'Authorization: Bearer KEY' (also $NEXTTOK_API_KEY)")
+    serve.add_argument("--served-model-name", action="append", help="name clients use (one per model)")
+    serve.add_argument("--dtype", default=None)
+    serve.add_argument("--device", default=None)
+    serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    serve.set_defaults(func=cmd_serve)
 
     models = sub.add_parser("models", help="list the models and tokenizers available locally")
     models.set_defaults(func=cmd_models)

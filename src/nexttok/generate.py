@@ -19,6 +19,7 @@ import torch
 
 from nexttok.cache import KVCache
 from nexttok.detokenizer import IncrementalDetokenizer
+from nexttok.errors import InvalidParameter
 from nexttok.sampling import History, SamplerChain, SamplingParams, StageRecord
 from nexttok.tokenizer import Tokenizer
 
@@ -137,11 +138,11 @@ class StopStrings:
 
 def _check_generation_args(max_tokens, stop) -> list[str]:
     if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 1):
-        raise ValueError(f"max_tokens must be an integer >= 1 (or None: until the context is full), "
-                         f"got {max_tokens!r}")
+        raise InvalidParameter("max_tokens", "max_tokens must be an integer >= 1 (or None: until the "
+                               f"context is full), got {max_tokens!r}")
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     if not all(isinstance(s, str) for s in stops):
-        raise ValueError("stop must be a string or a list of strings")
+        raise InvalidParameter("stop", "stop must be a string or a list of strings")
     return stops
 
 
@@ -151,14 +152,14 @@ def prompt_ids_for(model, tokenizer: Tokenizer, prompt: str | Sequence[int]) -> 
     if not ids and model.config.bos_token_id is not None:
         ids = [model.config.bos_token_id]
     if not ids:
-        raise ValueError("prompt is empty and the model has no BOS token to start from")
+        raise InvalidParameter("prompt", "prompt is empty and the model has no BOS token to start from")
     vocab = model.config.vocab_size
     if any(type(i) is not int or not 0 <= i < vocab for i in ids):
-        raise ValueError(f"prompt token ids must be integers in 0..{vocab - 1}")
+        raise InvalidParameter("prompt", f"prompt token ids must be integers in 0..{vocab - 1}")
     context = model.config.max_position_embeddings
     if len(ids) >= context:
-        raise ValueError(f"prompt is {len(ids)} tokens; the context window is {context} "
-                         "(it must leave room for at least one new token)")
+        raise InvalidParameter("prompt", f"prompt is {len(ids)} tokens; the context window is {context} "
+                               "(it must leave room for at least one new token)", "context_length_exceeded")
     return ids
 
 

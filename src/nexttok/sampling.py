@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from nexttok.errors import InvalidParameter
+
 STAGE_NAMES = ("penalties", "logit_bias", "top_k", "top_p", "min_p", "temperature")
 DEFAULT_ORDER = STAGE_NAMES
 NEG_INF = float("-inf")
@@ -45,7 +47,7 @@ class SamplingParams:
         """Raise ValueError naming the first parameter outside its range."""
         _check_float("temperature", self.temperature, 0.0, math.inf, "a number >= 0")
         if type(self.top_k) is not int or self.top_k < 0:
-            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+            raise InvalidParameter("top_k", f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
         _check_float("top_p", self.top_p, 0.0, 1.0, "in (0, 1]", low_open=True)
         _check_float("min_p", self.min_p, 0.0, 1.0, "in [0, 1]")
         _check_float("repetition_penalty", self.repetition_penalty, 0.0, math.inf, "a number > 0",
@@ -53,17 +55,18 @@ class SamplingParams:
         _check_float("presence_penalty", self.presence_penalty, -2.0, 2.0, "in [-2, 2]")
         _check_float("frequency_penalty", self.frequency_penalty, -2.0, 2.0, "in [-2, 2]")
         if not isinstance(self.logit_bias, dict):
-            raise ValueError("logit_bias must be a mapping of token id to bias")
+            raise InvalidParameter("logit_bias", "logit_bias must be a mapping of token id to bias")
         for token, bias in self.logit_bias.items():
             if type(token) is not int or token < 0:
-                raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
+                raise InvalidParameter("logit_bias",
+                                       f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
             _check_float(f"logit_bias[{token}]", bias, -100.0, 100.0, "in [-100, 100]")
         if self.seed is not None and (type(self.seed) is not int or not 0 <= self.seed < 2**63):
-            raise ValueError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
+            raise InvalidParameter("seed", f"seed must be an integer in [0, 2**63), got {self.seed!r}")
         unknown = [s for s in self.order if s not in STAGE_NAMES]
         if unknown or len(set(self.order)) != len(self.order):
-            raise ValueError(f"order must list distinct stages from {', '.join(STAGE_NAMES)}; "
-                             f"got {list(self.order)}")
+            raise InvalidParameter("order", f"order must list distinct stages from {', '.join(STAGE_NAMES)}; "
+                                   f"got {list(self.order)}")
 
 
 def _check_float(name, value, low, high, allowed, low_open=False) -> None:
@@ -71,7 +74,7 @@ def _check_float(name, value, low, high, allowed, low_open=False) -> None:
     if ok:
         ok = (value > low if low_open else value >= low) and value <= high
     if not ok:
-        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+        raise InvalidParameter(name.split("[")[0], f"{name} must be {allowed}, got {value!r}")
 
 
 @dataclass
@@ -136,9 +139,8 @@ class LogitBias:
     def __init__(self, bias: dict[int, float], vocab_size: int):
         too_big = [t for t in bias if t >= vocab_size]
         if too_big:
-            raise ValueError(
-                f"logit_bias token id {too_big[0]} is outside the vocabulary (0..{vocab_size - 1})"
-            )
+            raise InvalidParameter("logit_bias", f"logit_bias token id {too_big[0]} is outside the "
+                                   f"vocabulary (0..{vocab_size - 1})")
         self.ids = torch.tensor(list(bias), dtype=torch.long)
         self.values = torch.tensor(list(bias.values()), dtype=torch.float32)
 

@@ -1,0 +1,314 @@
+"""The OpenAI-compatible HTTP server (FastAPI).
+
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, POST /tokenize,
+POST /detokenize, GET /health, GET /metrics. Errors use OpenAI's shape
+{"error": {"message", "type", "param", "code"}}; client mistakes are 4xx, never 500.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from nexttok.chat import ChatTemplateError
+from nexttok.errors import InvalidParameter
+from nexttok.generate import Step, prompt_ids_for
+from nexttok.sampling import SamplingParams
+from nexttok.server import responses
+from nexttok.server.engine import Metrics, ServedModel, generate_steps
+from nexttok.server.schemas import (
+    ChatRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    SamplingFields,
+    TokenizeRequest,
+)
+
+MAX_N = 8
+MAX_STOP = 4
+MAX_TOP_LOGPROBS = 20
+OPEN_PATHS = {"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect"}
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+
+
+def error_response(status: int, message: str, param=None, code=None, kind="invalid_request_error"):
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return JSONResponse(body, status_code=status)
+
+
+def create_app(models: list[ServedModel], *, api_key: str | None = None) -> FastAPI:
+    if not models:
+        raise ValueError("a server needs at least one model")
+    app = FastAPI(title="nexttok", version="0.1.0",
+                  description="OpenAI-compatible text generation, one token at a time.")
+    app.state.models = {m.name: m for m in models}
+    app.state.metrics = Metrics()
+    _install_errors(app)
+    _install_auth(app, api_key)
+    _install_routes(app)
+    return app
+
+
+# -- errors and auth ----------------------------------------------------------------------------
+
+
+def _install_errors(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, e: APIError):
+        return error_response(e.status, e.message, e.param, e.code, e.kind)
+
+    @app.exception_handler(InvalidParameter)
+    async def invalid_parameter(request: Request, e: InvalidParameter):
+        return error_response(400, str(e), e.param, e.code)
+
+    @app.exception_handler(ChatTemplateError)
+    async def chat_template(request: Request, e: ChatTemplateError):
+        return error_response(400, str(e), "messages")
+
+    @app.exception_handler(RequestValidationError)
+    async def validation(request: Request, e: RequestValidationError):
+        message, param = _describe_validation(e.errors())
+        return error_response(400, message, param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException):
+        message = f"no route {request.method} {request.url.path}" if e.status_code in (404, 405) else str(e.detail)
+        return error_response(e.status_code, message, code="not_found" if e.status_code == 404 else None)
+
+
+def _describe_validation(errors: list[dict]) -> tuple[str, str | None]:
+    """One clear message from pydantic's list, naming the parameter."""
+    first = errors[0]
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    kind = first.get("type")
+    if kind == "json_invalid":
+        return f"request body is not valid JSON: {first.get('ctx', {}).get('error', '')}", None
+    if kind == "extra_forbidden":
+        return f"Unrecognized request argument supplied: {param}", param
+    if kind == "missing":
+        return f"Missing required parameter: {param}", param
+    if kind == "model_attributes_type":
+        return "request body must be a JSON object", None
+    return f"Invalid value for {param}: {first.get('msg')}", param
+
+
+def _install_auth(app: FastAPI, api_key: str | None) -> None:
+    if not api_key:
+        return
+    expected = f"Bearer {api_key}".encode()
+
+    @app.middleware("http")
+    async def check_key(request: Request, call_next):
+        if request.url.path not in OPEN_PATHS:
+            given = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(given, expected):  # constant time
+                return error_response(401, "Incorrect or missing API key (send Authorization: Bearer KEY)",
+                                      code="invalid_api_key")
+        return await call_next(request)
+
+
+# -- routes -------------------------------------------------------------------------------------
+
+
+def _install_routes(app: FastAPI) -> None:
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    async def metrics():
+        return app.state.metrics.prometheus()
+
+    @app.get("/v1/models")
+    async def list_models():
+        return {"object": "list", "data": [responses.model_card(m) for m in app.state.models.values()]}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        served = _served(app, body.model)
+        prompts = _completion_prompts(served, body.prompt)
+        top_n = _top_n(body.logprobs, "logprobs")
+        plan = _plan(served, body, body.max_tokens if body.max_tokens is not None else 16)
+        jobs = [(p, i * body.n + k) for i, p in enumerate(prompts) for k in range(body.n)]
+        return await _respond(app, served, body, jobs, plan, top_n, responses.CompletionFormat(
+            served.name, served.tokenizer, logprobs=body.logprobs is not None))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatRequest, request: Request):
+        served = _served(app, body.model)
+        if served.chat_template is None:
+            raise APIError(400, f"model {served.name!r} has no chat template; use /v1/completions",
+                           param="messages", code="no_chat_template")
+        if body.top_logprobs is not None and not body.logprobs:
+            raise InvalidParameter("top_logprobs", "top_logprobs requires logprobs to be true")
+        text = served.chat_template.render(body.messages)
+        ids = prompt_ids_for(served.model, served.tokenizer, served.tokenizer.encode(text))
+        top_n = _top_n(body.top_logprobs if body.logprobs else None, "top_logprobs")
+        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        plan = _plan(served, body, max_tokens)
+        jobs = [(ids, k) for k in range(body.n)]
+        return await _respond(app, served, body, jobs, plan, top_n, responses.ChatFormat(
+            served.name, served.tokenizer, logprobs=body.logprobs, top_logprobs=body.top_logprobs or 0))
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        served = _served(app, body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise InvalidParameter("prompt", "give exactly one of prompt or messages")
+        if body.messages is not None:
+            if served.chat_template is None:
+                raise APIError(400, f"model {served.name!r} has no chat template", param="messages")
+            text = served.chat_template.render(body.messages, add_generation_prompt=body.add_generation_prompt)
+            ids = served.tokenizer.encode(text)
+        else:
+            ids = served.tokenizer.encode(body.prompt, add_special=body.add_special_tokens)
+        return {"count": len(ids), "max_model_len": served.context_length, "tokens": ids,
+                "token_strs": [p.text for p in served.tokenizer.pieces(ids)]}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        served = _served(app, body.model)
+        try:
+            return {"prompt": served.tokenizer.decode(body.tokens)}
+        except ValueError as e:
+            raise InvalidParameter("tokens", str(e)) from None
+
+
+def _served(app: FastAPI, name: str | None) -> ServedModel:
+    models = app.state.models
+    if name is None and len(models) == 1:
+        return next(iter(models.values()))
+    if name not in models:
+        raise APIError(404, f"The model {name!r} does not exist (served: {', '.join(models)})",
+                       param="model", code="model_not_found")
+    return models[name]
+
+
+def _completion_prompts(served: ServedModel, prompt) -> list[list[int]]:
+    if isinstance(prompt, str) or (prompt and all(isinstance(p, int) for p in prompt)):
+        prompt = [prompt]
+    if not prompt:
+        raise InvalidParameter("prompt", "prompt must not be empty")
+    if len(prompt) > MAX_N:
+        raise InvalidParameter("prompt", f"at most {MAX_N} prompts per request, got {len(prompt)}")
+    return [prompt_ids_for(served.model, served.tokenizer, p) for p in prompt]
+
+
+def _top_n(value: int | None, param: str) -> int:
+    if value is None:
+        return 0
+    if not 0 <= value <= MAX_TOP_LOGPROBS:
+        raise InvalidParameter(param, f"{param} must be in [0, {MAX_TOP_LOGPROBS}], got {value}")
+    return value
+
+
+def _plan(served: ServedModel, body: SamplingFields, max_tokens: int | None) -> dict:
+    """Checked generation settings shared by every choice of the request."""
+    if not 1 <= body.n <= MAX_N:
+        raise InvalidParameter("n", f"n must be in [1, {MAX_N}], got {body.n}")
+    if max_tokens is not None and max_tokens < 1:
+        raise InvalidParameter("max_tokens", f"max_tokens must be >= 1, got {max_tokens}")
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    if len(stop) > MAX_STOP:
+        raise InvalidParameter("stop", f"at most {MAX_STOP} stop sequences, got {len(stop)}")
+    bias = {}
+    for key, value in (body.logit_bias or {}).items():
+        if not key.isdigit():
+            raise InvalidParameter("logit_bias", f"logit_bias keys must be token ids, got {key!r}")
+        bias[int(key)] = value
+    top_k = body.top_k if body.top_k not in (None, -1) else 0
+    params = SamplingParams(
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p, top_k=top_k,
+        min_p=body.min_p or 0.0, presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+        logit_bias=bias, seed=body.seed)
+    if bias and max(bias) >= served.model.config.vocab_size:
+        raise InvalidParameter("logit_bias", f"logit_bias token id {max(bias)} is outside the vocabulary")
+    return {"params": params, "max_tokens": max_tokens, "stop": stop}
+
+
+def _params_for_choice(params: SamplingParams, index: int) -> SamplingParams:
+    """Choice i of a seeded request uses seed + i: distinct choices, each reproducible."""
+    if params.seed is None or index == 0:
+        return params
+    return SamplingParams(**{**vars(params), "seed": (params.seed + index) % 2**63})
+
+
+async def _respond(app, served, body, jobs, plan, top_n, fmt):
+    app.state.metrics.requests_total += 1
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    if body.stream_options is not None and not body.stream:
+        raise InvalidParameter("stream_options", "stream_options is only allowed when stream is true")
+    runs = [(ids, index, _steps(app, served, ids, plan, index, top_n)) for ids, index in jobs]
+    first = await runs[0][2].__anext__()  # errors before the first token become a 4xx response
+    if not body.stream:
+        choices, usage = [], responses.Usage()
+        for n, (ids, index, steps) in enumerate(runs):
+            collected = [first] if n == 0 else []
+            collected += [s async for s in steps]
+            choices.append(fmt.choice(index, collected))
+            usage.add(len(ids), len(collected))
+        return fmt.response(choices, usage)
+    return StreamingResponse(_sse(runs, first, fmt, include_usage), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def _steps(app, served, ids, plan, index, top_n) -> AsyncIterator[Step]:
+    return generate_steps(served, ids, _params_for_choice(plan["params"], index),
+                          max_tokens=plan["max_tokens"], stop=plan["stop"], top_n=top_n,
+                          metrics=app.state.metrics)
+
+
+async def _sse(runs, first: Step, fmt, include_usage: bool) -> AsyncIterator[bytes]:
+    usage = responses.Usage()
+    try:
+        for n, (ids, index, steps) in enumerate(runs):
+            for chunk in fmt.start_chunks(index):
+                yield _event(chunk, include_usage)
+            count = 0
+            pending = [first] if n == 0 else []
+            async for step in _chain(pending, steps):
+                count += 1
+                chunk = fmt.step_chunk(index, step)
+                if chunk is not None:
+                    yield _event(chunk, include_usage)
+            usage.add(len(ids), count)
+        if include_usage:
+            yield _event(fmt.usage_chunk(usage), False)
+    except (InvalidParameter, ValueError) as e:  # mid-stream failure: tell the client, end cleanly
+        yield _event({"error": {"message": str(e), "type": "invalid_request_error", "param": None,
+                                "code": None}}, False)
+    finally:
+        for _, _, steps in runs:
+            await steps.aclose()
+    yield b"data: [DONE]\n\n"
+
+
+async def _chain(first: list[Step], rest: AsyncIterator[Step]) -> AsyncIterator[Step]:
+    for step in first:
+        yield step
+        if step.finish_reason:
+            return
+    async for step in rest:
+        yield step
+
+
+def _event(payload: dict, include_usage: bool) -> bytes:
+    if include_usage and "usage" not in payload:
+        payload = {**payload, "usage": None}
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n".encode()

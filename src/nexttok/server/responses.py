@@ -1,0 +1,122 @@
+"""OpenAI response shapes, built from Step records (nothing here recomputes what a Step holds)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def add(self, prompt: int, completion: int) -> None:
+        self.prompt_tokens += prompt
+        self.completion_tokens += completion
+
+    def as_dict(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens}
+
+
+def model_card(served) -> dict:
+    return {"id": served.name, "object": "model", "created": served.created, "owned_by": "nexttok",
+            "max_model_len": served.context_length}
+
+
+def _token_bytes(tokenizer, token_id: int) -> list[int]:
+    return list(tokenizer.decode_bytes([token_id]))
+
+
+class _Format:
+    object_name = ""
+    chunk_object = ""
+    prefix = ""
+
+    def __init__(self, model_name: str, tokenizer, *, logprobs: bool, top_logprobs: int = 0):
+        self.model, self.tokenizer = model_name, tokenizer
+        self.logprobs, self.top_logprobs = logprobs, top_logprobs
+        self.id = f"{self.prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    def _envelope(self, obj: str) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def response(self, choices: list[dict], usage: Usage) -> dict:
+        return {**self._envelope(self.object_name), "choices": choices, "usage": usage.as_dict()}
+
+    def usage_chunk(self, usage: Usage) -> dict:
+        return {**self._envelope(self.chunk_object), "choices": [], "usage": usage.as_dict()}
+
+
+class CompletionFormat(_Format):
+    """/v1/completions: logprobs as {tokens, token_logprobs, top_logprobs, text_offset}."""
+
+    object_name = chunk_object = "text_completion"
+    prefix = "cmpl"
+
+    def _logprobs(self, steps, offset: int = 0) -> dict | None:
+        if not self.logprobs:
+            return None
+        offsets, position = [], offset
+        for step in steps:
+            offsets.append(position)
+            position += len(step.text)
+        return {"tokens": [s.token_text for s in steps], "token_logprobs": [s.logprob for s in steps],
+                "top_logprobs": [{a.text: a.logprob for a in s.top} for s in steps],
+                "text_offset": offsets}
+
+    def choice(self, index: int, steps) -> dict:
+        return {"index": index, "text": "".join(s.text for s in steps), "logprobs": self._logprobs(steps),
+                "finish_reason": steps[-1].finish_reason}
+
+    def start_chunks(self, index: int) -> list[dict]:
+        return []
+
+    def step_chunk(self, index: int, step) -> dict | None:
+        if not step.text and not step.finish_reason and not self.logprobs:
+            return None
+        choice = {"index": index, "text": step.text, "logprobs": self._logprobs([step]),
+                  "finish_reason": step.finish_reason}
+        return {**self._envelope(self.chunk_object), "choices": [choice]}
+
+
+class ChatFormat(_Format):
+    """/v1/chat/completions: logprobs as {content: [{token, logprob, bytes, top_logprobs}]}."""
+
+    object_name = "chat.completion"
+    chunk_object = "chat.completion.chunk"
+    prefix = "chatcmpl"
+
+    def _entry(self, token_id: int, text: str, logprob: float) -> dict:
+        return {"token": text, "logprob": logprob, "bytes": _token_bytes(self.tokenizer, token_id)}
+
+    def _logprobs(self, steps) -> dict | None:
+        if not self.logprobs:
+            return None
+        content = []
+        for s in steps:
+            entry = self._entry(s.token_id, s.token_text, s.logprob)
+            entry["top_logprobs"] = [self._entry(a.id, a.text, a.logprob) for a in s.top[: self.top_logprobs]]
+            content.append(entry)
+        return {"content": content}
+
+    def choice(self, index: int, steps) -> dict:
+        message = {"role": "assistant", "content": "".join(s.text for s in steps)}
+        return {"index": index, "message": message, "logprobs": self._logprobs(steps),
+                "finish_reason": steps[-1].finish_reason}
+
+    def start_chunks(self, index: int) -> list[dict]:
+        choice = {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                  "finish_reason": None}
+        return [{**self._envelope(self.chunk_object), "choices": [choice]}]
+
+    def step_chunk(self, index: int, step) -> dict | None:
+        if not step.text and not step.finish_reason and not self.logprobs:
+            return None
+        delta = {"content": step.text} if step.text or not step.finish_reason else {}
+        choice = {"index": index, "delta": delta, "logprobs": self._logprobs([step]),
+                  "finish_reason": step.finish_reason}
+        return {**self._envelope(self.chunk_object), "choices": [choice]}
