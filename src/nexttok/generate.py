@@ -190,7 +190,7 @@ def stream(model, tokenizer: Tokenizer, prompt: str | Sequence[int],
                 finish = "stop"
             elif len(ids) + index + 1 >= max_len:
                 text, finish = text + held.feed(detok.flush())[0] + held.flush(), "length"
-        yield _make_step(tokenizer, raw, index, text, finish, top_n)
+        yield make_step(tokenizer, raw, index, text, finish, top_n)
         if finish:
             return
 
@@ -202,7 +202,7 @@ def _alternatives(tokenizer: Tokenizer, logprobs: torch.Tensor, n: int) -> list[
             if lp > float("-inf")]
 
 
-def _make_step(tokenizer, raw: RawStep, index, text, finish, top_n) -> Step:
+def make_step(tokenizer, raw: RawStep, index, text, finish, top_n) -> Step:
     logprobs = torch.log_softmax(raw.logits.float(), -1)
     chosen = float(logprobs[raw.token_id])
     rank = int((logprobs > chosen).sum()) + 1

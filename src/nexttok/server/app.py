@@ -33,7 +33,7 @@ from nexttok.server.schemas import (
 MAX_N = 8
 MAX_STOP = 4
 MAX_TOP_LOGPROBS = 20
-OPEN_PATHS = {"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect"}
+OPEN_PATHS = {"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/"}
 
 
 class APIError(Exception):
@@ -58,6 +58,9 @@ def create_app(models: list[ServedModel], *, api_key: str | None = None) -> Fast
     _install_errors(app)
     _install_auth(app, api_key)
     _install_routes(app)
+    from nexttok.server.explainer import install_explainer
+
+    install_explainer(app, lambda name: _served(app, name))
     return app
 
 
@@ -112,7 +115,7 @@ def _install_auth(app: FastAPI, api_key: str | None) -> None:
 
     @app.middleware("http")
     async def check_key(request: Request, call_next):
-        if request.url.path not in OPEN_PATHS:
+        if request.url.path not in OPEN_PATHS and not request.url.path.startswith("/static/"):
             given = request.headers.get("authorization", "").encode()
             if not hmac.compare_digest(given, expected):  # constant time
                 return error_response(401, "Incorrect or missing API key (send Authorization: Bearer KEY)",

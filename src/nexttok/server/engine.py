@@ -42,6 +42,7 @@ class ServedModel:
     created: int = field(default_factory=lambda: int(time.time()))
     # one generation at a time per model (continuous batching comes with the scheduler)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    vocab_texts: list[str] | None = None  # display text of every id, for the explainer page
 
     @property
     def context_length(self) -> int:
