@@ -69,9 +69,9 @@ def install_explainer(app: FastAPI, served_for) -> None:
         while len(sessions) > MAX_SESSIONS:  # the oldest session goes
             sessions.popitem(last=False)
         config = served.model.config
-        return {"session": key, "vocab": _vocab(served), "model": {"name": served.name, "layers": config.num_hidden_layers,
-                                          "heads": config.num_attention_heads, "vocab_size": config.vocab_size,
-                                          "context": session.cache.max_len},
+        facts = {"name": served.name, "layers": config.num_hidden_layers, "heads": config.num_attention_heads,
+                 "vocab_size": config.vocab_size, "context": session.cache.max_len}
+        return {"session": key, "vocab": _vocab(served), "model": facts,
                 "prompt": _chips(served.tokenizer, session.prompt_ids), "tree": session.tree()}
 
     @app.post("/explain/sessions/{key}/step")
