@@ -28,7 +28,7 @@ class ScriptedModel(torch.nn.Module):
         self.script, self.prompt_len = script, prompt_len
         self.anchor = torch.nn.Parameter(torch.zeros(1))
 
-    def forward(self, ids, cache=None, positions=None):
+    def forward(self, ids, cache=None, positions=None, last_only=False):
         if cache is not None:
             cache.append_positions(torch.arange(cache.offset, cache.offset + ids.shape[1])[None])
             seen = cache.offset

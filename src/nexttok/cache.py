@@ -26,6 +26,7 @@ class KVCache:
         self.max_len = max_len
         self.offset = 0  # slots in use
         self._start = 0  # first slot of the tokens of the current forward call
+        self.contiguous = True  # slots hold positions 0..offset-1 in order (no padding, no holes)
 
     @classmethod
     def for_model(cls, config, batch: int = 1, max_len: int | None = None, dtype=torch.float32,
@@ -39,8 +40,10 @@ class KVCache:
     def batch(self) -> int:
         return self.pos.shape[0]
 
-    def append_positions(self, positions: torch.Tensor) -> torch.Tensor:
-        """Reserve slots for positions (B, T); return the positions of all used slots (B, S)."""
+    def append_positions(self, positions: torch.Tensor, contiguous: bool = False) -> torch.Tensor:
+        """Reserve slots for positions (B, T); return the positions of all used slots (B, S).
+
+        contiguous: the caller vouches these positions continue 0..offset-1 (no padding)."""
         b, t = positions.shape
         if b != self.batch:
             raise ValueError(f"batch of {b} rows given to a cache built for {self.batch}")
@@ -48,6 +51,7 @@ class KVCache:
             raise ContextFull(
                 f"context window full: {self.offset} cached + {t} new tokens > {self.max_len}"
             )
+        self.contiguous = self.contiguous and contiguous
         self._start = self.offset
         self.offset += t
         self.pos[:, self._start : self.offset] = positions
@@ -67,6 +71,8 @@ class KVCache:
             raise ValueError(f"truncate length must be in 0..{self.offset}, got {length}")
         self.pos[:, length:] = -1
         self.offset = self._start = length
+        if length == 0:
+            self.contiguous = True
 
     def reset(self) -> None:
         self.truncate(0)

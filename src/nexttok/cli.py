@@ -255,6 +255,30 @@ def cmd_serve(args: argparse.Namespace, out: Console) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace, out: Console) -> int:
+    import importlib.util
+
+    from nexttok.benchmark import BenchConfig, run
+    from nexttok.weights import resolve_checkpoint
+
+    directory = resolve_checkpoint(args.model or DEFAULT_MODEL)
+    engines = ["nexttok"]
+    if not args.no_compare:
+        if importlib.util.find_spec("transformers") is None:
+            Console(stderr=True).print("[dim]transformers is not installed: nexttok column only[/]")
+        else:
+            engines.append("hf")
+    cfg = BenchConfig(str(directory), new_tokens=args.new_tokens, prompt_tokens=args.prompt_tokens,
+                      repeat=args.repeat, threads=args.threads, dtype=args.dtype)
+    for name, value in (("--new-tokens", cfg.new_tokens), ("--prompt-tokens", cfg.prompt_tokens),
+                        ("--repeat", cfg.repeat), ("--threads", cfg.threads)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    Console(stderr=True).print(f"[dim]benchmarking {directory} ({', '.join(engines)}) ...[/]")
+    print(run(cfg, engines))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nexttok", description="See how a language model makes text.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -293,6 +317,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--device", default=None)
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     serve.set_defaults(func=cmd_serve)
+
+    bench = sub.add_parser("bench", help="decode/prefill speed, side by side with HF transformers")
+    bench.add_argument("model", nargs="?", default=None, help=f"checkpoint (default: {DEFAULT_MODEL})")
+    bench.add_argument("--new-tokens", type=int, default=128)
+    bench.add_argument("--prompt-tokens", type=int, default=512)
+    bench.add_argument("--repeat", type=int, default=3)
+    bench.add_argument("--threads", type=int, default=2)
+    bench.add_argument("--dtype", default="float32")
+    bench.add_argument("--no-compare", action="store_true", help="nexttok only")
+    bench.set_defaults(func=cmd_bench)
 
     models = sub.add_parser("models", help="list the models and tokenizers available locally")
     models.set_defaults(func=cmd_models)

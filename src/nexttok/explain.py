@@ -119,7 +119,7 @@ class ExplainSession:
         attention: list = []
         start = time.perf_counter()
         with torch.inference_mode():
-            logits = self.model(pending, self.cache, attention_out=attention)[0, -1].float()
+            logits = self.model(pending, self.cache, attention_out=attention, last_only=True)[0, -1].float()
         seconds = time.perf_counter() - start
         self.cached = tokens
         result = Forward(logits, [a[0] for a in attention], len(tokens) - shared, seconds, shared == 0)

@@ -96,7 +96,7 @@ def generate_step(model, prompt_ids: Sequence[int], sampler: SamplerChain, histo
         start = time.perf_counter()
         with torch.inference_mode():
             inputs = pending if use_cache else torch.tensor([context], device=device)
-            logits = model(inputs, cache)[0, -1]  # (vocab,)
+            logits = model(inputs, cache, last_only=True)[0, -1]  # (vocab,)
             stages = [] if record_stages else None
             token, final, u = sampler.sample(logits, history, stages)
         history.add(token)

@@ -280,10 +280,11 @@ def pick(logits: torch.Tensor, u: float) -> int:
 
 def check_logits(logits: torch.Tensor) -> None:
     """NaN or +inf logits mean a broken model or input: a clear error, never a silent token."""
-    bad = torch.isnan(logits) | (logits == math.inf)
-    if bool(bad.any()):
-        raise ValueError(f"model produced {int(bad.sum())} NaN/+inf logits; refusing to sample")
-    if not bool((logits > NEG_INF).any()):
+    top = float(logits.max())  # one reduction: NaN propagates through max, +inf is the max
+    if math.isnan(top) or top == math.inf:
+        bad = int((torch.isnan(logits) | (logits == math.inf)).sum())
+        raise ValueError(f"model produced {bad} NaN/+inf logits; refusing to sample")
+    if top == NEG_INF:
         raise ValueError("every token has -inf logit: nothing left to sample")
 
 

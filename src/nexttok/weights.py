@@ -153,27 +153,40 @@ def diagnose_safetensors(path: Path) -> str:
 
 
 class _TensorIndex:
-    """Tensor name -> file, reading one tensor at a time (memory stays near one copy)."""
+    """Tensor name -> file; tensors are read one at a time. The handle of a file is reopened
+    after every REOPEN_BYTES read, which releases the pages it mapped: peak memory stays near the
+    model's own size instead of model + file."""
+
+    REOPEN_BYTES = 64 << 20
 
     def __init__(self, files: list[Path]):
         from safetensors import safe_open
 
-        self._handles, self.where = [], {}
+        self._open = safe_open
+        self.where: dict[str, Path] = {}
+        self._handle, self._handle_path, self._read = None, None, 0
         for path in files:
             try:
-                handle = safe_open(str(path), framework="pt")
+                with safe_open(str(path), framework="pt") as handle:
+                    for key in handle.keys():  # noqa: SIM118 - safe_open is not a mapping
+                        self.where[key] = path
             except Exception as e:
                 raise CheckpointError(f"cannot read {path}: {diagnose_safetensors(path)} ({e})") from None
-            self._handles.append(handle)
-            for key in handle.keys():  # noqa: SIM118 - safe_open is not a mapping
-                self.where[key] = (handle, path)
 
     def get(self, key: str) -> torch.Tensor:
-        handle, path = self.where[key]
+        path = self.where[key]
+        if self._handle is None or self._handle_path != path or self._read > self.REOPEN_BYTES:
+            self.close()
+            self._handle, self._handle_path = self._open(str(path), framework="pt"), path
         try:
-            return handle.get_tensor(key)
+            tensor = self._handle.get_tensor(key)
         except Exception as e:
             raise CheckpointError(f"cannot read tensor {key!r} from {path.name}: {e}") from None
+        self._read += tensor.numel() * tensor.element_size()
+        return tensor
+
+    def close(self) -> None:
+        self._handle, self._handle_path, self._read = None, None, 0
 
 
 def _checkpoint_keys(model, name: str) -> list[str]:
@@ -204,6 +217,7 @@ def assign_weights(model: torch.nn.Module, files: list[Path]) -> None:
         with torch.no_grad():
             param.copy_(tensor)
         used.add(key)
+    index.close()
     _check_unused(set(index.where) - used, tied)
 
 

@@ -11,6 +11,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+# Masks the fast attention kernels express without a tensor, for contiguous positions 0..S-1:
+ALL = "all"  # one new token after the cache: it sees every key
+CAUSAL = "causal"  # a whole fresh sequence: query i sees keys 0..i
+
 
 def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None = None) -> torch.Tensor:
     """Boolean mask (B, 1, T, S), True where attention is allowed.
@@ -29,21 +33,26 @@ def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None 
 
 
 def attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | str,
     attention_out: list | None = None,
 ) -> torch.Tensor:
     """Scaled dot-product attention with grouped-query heads.
 
     q (B, n_head, T, head_dim); k, v (B, n_kv_head, S, head_dim); returns (B, n_head, T, head_dim).
+    mask: a boolean tensor (B, 1, T, S), or ALL / CAUSAL (no tensor: the fast kernels' own cases).
     When attention_out is a list, the weights of the last query over all keys (B, n_head, S) are
     appended to it, computed apart from the fast kernel, so there is no cost when it is None.
     """
     n_rep = q.shape[1] // k.shape[1]
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=n_rep > 1)
+    if isinstance(mask, str):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=mask == CAUSAL, enable_gqa=n_rep > 1)
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=n_rep > 1)
     if attention_out is not None:
         k_full = k.repeat_interleave(n_rep, dim=1) if n_rep > 1 else k  # (B, n_head, S, head_dim)
         scores = (q[:, :, -1:] @ k_full.transpose(-1, -2)) / q.shape[-1] ** 0.5  # (B, n_head, 1, S)
-        scores = scores.masked_fill(~mask[:, :, -1:], float("-inf"))
+        if not isinstance(mask, str):  # with ALL and CAUSAL the last query sees every key
+            scores = scores.masked_fill(~mask[:, :, -1:], float("-inf"))
         attention_out.append(torch.softmax(scores.float(), dim=-1)[:, :, 0])  # (B, n_head, S)
     return out
 
@@ -66,6 +75,25 @@ def positions_for(ids: torch.Tensor, cache, positions: torch.Tensor | None, limi
     return positions
 
 
-def masks_for(q_pos: torch.Tensor, k_pos: torch.Tensor, windows: set[int | None]) -> dict:
-    """One mask per distinct window size among the layers: {None: full, 4096: sliding, ...}."""
-    return {w: attention_mask(q_pos, k_pos, w) for w in windows}
+def masks_for(q_pos: torch.Tensor, k_pos: torch.Tensor, windows: set[int | None], contiguous: bool) -> dict:
+    """One mask per distinct window size among the layers: {None: full, 4096: sliding, ...}.
+
+    contiguous: every row's keys are positions 0..S-1 in order (no padding, no holes), so decode
+    and a fresh prompt need no mask tensor while the window does not cut anything.
+    """
+    t, s = q_pos.shape[1], k_pos.shape[1]
+    masks: dict = {}
+    for w in windows:
+        if contiguous and (w is None or s <= w) and t in (1, s):
+            masks[w] = ALL if t == 1 else CAUSAL
+        else:
+            masks[w] = attention_mask(q_pos, k_pos, w)
+    return masks
+
+
+def keys_for(q_pos: torch.Tensor, cache, explicit: bool) -> tuple[torch.Tensor, bool]:
+    """Positions of every key (B, S) after this call, and whether they are contiguous from 0."""
+    if cache is None:
+        return q_pos, not explicit
+    contiguous = cache.contiguous and not explicit
+    return cache.append_positions(q_pos, contiguous=not explicit), contiguous

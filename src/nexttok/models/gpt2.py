@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nexttok.config import ModelConfig
-from nexttok.models.attention import attend, masks_for, positions_for
+from nexttok.models.attention import attend, keys_for, masks_for, positions_for
 
 ACTIVATIONS = {
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
@@ -94,12 +94,15 @@ class GPT2(nn.Module):
         """GPT-2 has no computed buffers."""
 
     def forward(self, ids: torch.Tensor, cache=None, positions: torch.Tensor | None = None,
-                attention_out: list | None = None) -> torch.Tensor:
-        """ids (B, T) -> logits (B, T, vocab). positions (B, T), -1 = padding; default: next ones."""
+                attention_out: list | None = None, last_only: bool = False) -> torch.Tensor:
+        """ids (B, T) -> logits (B, T, vocab). positions (B, T), -1 = padding; default: next ones.
+        last_only: logits of the last position only (B, 1, vocab), all a generation step needs."""
         q_pos = positions_for(ids, cache, positions, self.config.max_position_embeddings)
-        k_pos = cache.append_positions(q_pos) if cache is not None else q_pos  # (B, S)
-        masks = masks_for(q_pos, k_pos, {None})
+        k_pos, contiguous = keys_for(q_pos, cache, explicit=positions is not None)  # (B, S)
+        masks = masks_for(q_pos, k_pos, {None}, contiguous)
         x = self.wte(ids) + self.wpe(q_pos.clamp(min=0))  # (B, T, hidden)
         for block in self.h:
             x = block(x, masks, cache, attention_out)
+        if last_only:
+            x = x[:, -1:]
         return self.lm_head(self.ln_f(x))

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nexttok.config import ModelConfig
-from nexttok.models.attention import attend, masks_for, positions_for
+from nexttok.models.attention import attend, keys_for, masks_for, positions_for
 
 
 class RMSNorm(nn.Module):
@@ -145,15 +145,18 @@ class Llama(nn.Module):
         self.rope_sin = angles.sin().to(device)
 
     def forward(self, ids: torch.Tensor, cache=None, positions: torch.Tensor | None = None,
-                attention_out: list | None = None) -> torch.Tensor:
-        """ids (B, T) -> logits (B, T, vocab). positions (B, T), -1 = padding; default: next ones."""
+                attention_out: list | None = None, last_only: bool = False) -> torch.Tensor:
+        """ids (B, T) -> logits (B, T, vocab). positions (B, T), -1 = padding; default: next ones.
+        last_only: logits of the last position only (B, 1, vocab), all a generation step needs."""
         q_pos = positions_for(ids, cache, positions, self.config.max_position_embeddings)
-        k_pos = cache.append_positions(q_pos) if cache is not None else q_pos  # (B, S)
-        masks = masks_for(q_pos, k_pos, self._windows)
+        k_pos, contiguous = keys_for(q_pos, cache, explicit=positions is not None)  # (B, S)
+        masks = masks_for(q_pos, k_pos, self._windows, contiguous)
         rows = q_pos.clamp(min=0)
         x = self.embed_tokens(ids)  # (B, T, hidden)
         cos = self.rope_cos[rows].to(x.dtype)[:, None]  # (B, 1, T, hd/2)
         sin = self.rope_sin[rows].to(x.dtype)[:, None]
         for layer in self.layers:
             x = layer(x, cos, sin, masks, cache, attention_out)
+        if last_only:
+            x = x[:, -1:]
         return self.lm_head(self.norm(x))

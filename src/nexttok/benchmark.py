@@ -1,0 +1,198 @@
+"""Side-by-side speed measurements: nexttok and HF transformers on the same weights.
+
+Each engine runs in its own child process (so peak RSS is its own) on the same checkpoint
+directory, with the same thread count; the table shows medians over repeats and the ratios.
+The roofline is the time one decode step needs just to read every weight once from memory
+(weight bytes ÷ read bandwidth measured here), as tokens/s.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import resource
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+METRICS = (  # key, label, higher is better
+    ("decode_tps", "decode tokens/s (batch 1, greedy)", True),
+    ("prefill_tps", "prefill tokens/s", True),
+    ("ttft_ms", "time to first token, ms", False),
+    ("nocache_tps", "decode tokens/s without KV cache", True),
+    ("peak_rss_mb", "peak RSS, MB", False),
+)
+
+
+@dataclass
+class BenchConfig:
+    directory: str
+    new_tokens: int = 128
+    prompt_tokens: int = 512
+    decode_prompt_tokens: int = 16
+    nocache_tokens: int = 16
+    repeat: int = 3
+    threads: int = 2
+    dtype: str = "float32"
+    extra: dict = field(default_factory=dict)
+
+
+def measure_read_bandwidth(megabytes: int = 512, repeat: int = 5) -> float:
+    """Memory read bandwidth in GB/s: the best time to sum a buffer much larger than the caches."""
+    import torch
+
+    data = torch.ones(megabytes * (1 << 20) // 4, dtype=torch.float32)
+    data.sum()
+    best = min(_timed(data.sum) for _ in range(repeat))
+    return data.numel() * 4 / best / 1e9
+
+
+def _timed(fn: Callable) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _ids(n: int, vocab: int, seed: int = 0):
+    import torch
+
+    return torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def bench_nexttok(cfg: BenchConfig) -> dict:
+    import torch
+
+    from nexttok.generate import generate
+    from nexttok.sampling import SamplingParams
+    from nexttok.tokenizer import from_directory
+    from nexttok.weights import load_model
+
+    torch.set_num_threads(cfg.threads)
+    model = load_model(cfg.directory, dtype=cfg.dtype, device="cpu")
+    tokenizer = from_directory(model.directory)
+    vocab = model.config.vocab_size
+    greedy = SamplingParams(temperature=0)
+
+    def decode_run(prompt, n, use_cache=True):
+        start = time.perf_counter()
+        steps = generate(model, tokenizer, prompt, greedy, max_tokens=n, stop_token_ids=[], use_cache=use_cache).steps
+        first = start + steps[0].elapsed
+        return (len(steps) - 1) / (time.perf_counter() - first), steps[0].elapsed
+
+    short = _ids(cfg.decode_prompt_tokens, vocab)[0].tolist()
+    long = _ids(cfg.prompt_tokens, vocab, seed=1)[0].tolist()
+    decode_run(short, 8)  # warm-up
+    decode = [decode_run(short, cfg.new_tokens)[0] for _ in range(cfg.repeat)]
+    ttft = [generate(model, tokenizer, long, greedy, max_tokens=1, stop_token_ids=[]).steps[0].elapsed
+            for _ in range(cfg.repeat)]
+    prefill = [cfg.prompt_tokens / _timed(lambda: _forward_nexttok(model, long)) for _ in range(cfg.repeat)]
+    nocache = [decode_run(long, cfg.nocache_tokens, use_cache=False)[0] for _ in range(max(1, cfg.repeat - 1))]
+    cached_long = [decode_run(long, cfg.nocache_tokens)[0] for _ in range(max(1, cfg.repeat - 1))]
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    return {"decode_tps": _median(decode), "prefill_tps": _median(prefill), "ttft_ms": 1000 * _median(ttft),
+            "nocache_tps": _median(nocache), "cache_long_tps": _median(cached_long),
+            "weight_bytes": weight_bytes}
+
+
+def _forward_nexttok(model, ids: list[int]) -> None:
+    import torch
+
+    from nexttok.cache import KVCache
+
+    cache = KVCache.for_model(model.config, max_len=len(ids) + 1)
+    with torch.inference_mode():
+        model(torch.tensor([ids]), cache, last_only=True)
+
+
+def bench_hf(cfg: BenchConfig) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(cfg.threads)
+    model = AutoModelForCausalLM.from_pretrained(cfg.directory, dtype=getattr(torch, cfg.dtype)).eval()
+    vocab = model.config.vocab_size
+    short, long = _ids(cfg.decode_prompt_tokens, vocab), _ids(cfg.prompt_tokens, vocab, seed=1)
+
+    def generate(ids, n):
+        with torch.inference_mode():
+            return model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None,
+                                  pad_token_id=0)
+
+    generate(short, 8)  # warm-up
+    decode = []
+    for _ in range(cfg.repeat):
+        first = _timed(lambda: generate(short, 1))
+        total = _timed(lambda: generate(short, cfg.new_tokens))
+        decode.append((cfg.new_tokens - 1) / (total - first))
+    ttft = [_timed(lambda: generate(long, 1)) for _ in range(cfg.repeat)]
+    with torch.inference_mode():
+        prefill = [cfg.prompt_tokens / _timed(lambda: model(long, use_cache=True, logits_to_keep=1))
+                   for _ in range(cfg.repeat)]
+    return {"decode_tps": _median(decode), "prefill_tps": _median(prefill), "ttft_ms": 1000 * _median(ttft)}
+
+
+def _child(target, cfg, queue) -> None:
+    try:
+        result = target(cfg)
+        result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        queue.put(("ok", result))
+    except Exception as e:  # reported as a skipped column, not a crash of the whole run
+        queue.put(("error", f"{type(e).__name__}: {e}"))
+
+
+def run_isolated(target: Callable[[BenchConfig], dict], cfg: BenchConfig) -> dict | str:
+    """target(cfg) in a fresh process; its dict plus peak_rss_mb, or an error string."""
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    process = context.Process(target=_child, args=(target, cfg, queue))
+    process.start()
+    status, payload = queue.get()
+    process.join()
+    return payload if status == "ok" else str(payload)
+
+
+def report(results: dict[str, dict | str], bandwidth_gbs: float, cfg: BenchConfig) -> str:
+    """A plain-text table of medians, ratios against nexttok, and the roofline."""
+    names = list(results)
+    ok = {n: r for n, r in results.items() if isinstance(r, dict)}
+    lines = [f"{'metric':<38}" + "".join(f"{n:>16}" for n in names) + "".join(
+        f"{'nexttok/' + n:>18}" for n in names if n != "nexttok" and n in ok)]
+    for key, label, higher in METRICS:
+        row = f"{label:<38}"
+        for n in names:
+            value = ok.get(n, {}).get(key)
+            row += f"{value:>16.1f}" if value is not None else f"{'-':>16}"
+        ours = ok.get("nexttok", {}).get(key)
+        for n in names:
+            if n == "nexttok" or n not in ok:
+                continue
+            theirs = ok[n].get(key)
+            ratio = (ours / theirs if higher else theirs / ours) if ours and theirs else None
+            row += f"{ratio:>17.2f}x" if ratio else f"{'-':>18}"
+        lines.append(row)
+    for n, r in results.items():
+        if isinstance(r, str):
+            lines.append(f"{n}: skipped ({r})")
+    ours = ok.get("nexttok")
+    if ours:
+        roofline = bandwidth_gbs * 1e9 / ours["weight_bytes"]
+        lines += [
+            f"memory read bandwidth {bandwidth_gbs:.1f} GB/s; weights {ours['weight_bytes'] / 1e6:.0f} MB "
+            f"-> roofline {roofline:.1f} tokens/s; nexttok decode at {100 * ours['decode_tps'] / roofline:.0f}% of it",
+            f"KV cache vs none after a {cfg.prompt_tokens}-token prompt: {ours['cache_long_tps']:.1f} vs "
+            f"{ours['nocache_tps']:.1f} tokens/s = {ours['cache_long_tps'] / ours['nocache_tps']:.1f}x",
+        ]
+    return "\n".join(lines)
+
+
+def run(cfg: BenchConfig, engines: list[str]) -> str:
+    targets = {"nexttok": bench_nexttok, "hf": bench_hf}
+    unknown = [e for e in engines if e not in targets]
+    if unknown:
+        raise ValueError(f"unknown engines {unknown}; choose from {', '.join(targets)}")
+    results = {name: run_isolated(targets[name], cfg) for name in engines}
+    return report(results, measure_read_bandwidth(), cfg)
