@@ -5,12 +5,12 @@ from __future__ import annotations
 import threading
 import time
 
-import uvicorn
+from nexttok.server import Server
 
 
 class LiveServer:
     def __init__(self, app):
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+        self.server = Server(app, host="127.0.0.1", port=0, log_level="warning")
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.url = ""
 
@@ -26,5 +26,9 @@ class LiveServer:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=20)
+        self.stop()
+
+    def stop(self) -> None:
+        """As on Ctrl-C: open streams end cleanly, then the server exits."""
+        self.server.handle_exit(None, None)
+        self.thread.join(timeout=30)

@@ -197,10 +197,11 @@ def test_unknown_route_is_404_in_openai_shape(server):
 def test_client_disconnect_cancels_generation(server):
     def metrics():
         text = httpx.get(server.url + "/metrics").text
-        return {line.split()[0]: int(line.split()[1]) for line in text.splitlines() if not line.startswith("#")}
+        return {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if not line.startswith("#")}
 
     before = metrics()
-    body = {"model": MODEL, "prompt": "Go on and on", "max_tokens": 3000, "stream": True, "temperature": 1.0}
+    body = {"model": MODEL, "prompt": "Go on and on", "max_tokens": 3000, "stream": True, "temperature": 1.0,
+            "logit_bias": {"50256": -100}}
     with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as response:
         lines = response.iter_lines()
         received = [next(lines) for _ in range(6)]

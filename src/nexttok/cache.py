@@ -76,3 +76,142 @@ class KVCache:
 
     def reset(self) -> None:
         self.truncate(0)
+
+
+class SlotCache:
+    """Keys and values for up to `slots` independent sequences of different lengths, for
+    continuous batching. Running sequences always occupy slots 0..running-1 (a finished one is
+    replaced by the last), so a decode step over all of them works on views, never gathers.
+
+    row(i) is a one-sequence cache over slot i (for a prefill); running_view() is the batch of
+    every running sequence, one new token each.
+
+    running_view(pad_to) can pad the batch with free slots as scratch rows: CPU matrix kernels
+    pick their code path by the number of rows, and different paths differ in the last bits. With
+    a fixed number of rows (pad_to = slots) a sequence gets bit-identical logits alone or in any
+    batch.
+    """
+
+    def __init__(self, n_layers: int, slots: int, n_kv_heads: int, max_len: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+        self.store = KVCache(n_layers, slots, n_kv_heads, max_len, head_dim, dtype, device)
+        self.lengths = [0] * slots
+        self.running = 0
+
+    @classmethod
+    def for_model(cls, config, slots: int, max_len: int | None = None, dtype=torch.float32,
+                  device="cpu") -> SlotCache:
+        return cls(config.num_hidden_layers, slots, config.num_key_value_heads,
+                   max_len or config.max_position_embeddings, config.head_dim, dtype, device)
+
+    @property
+    def slots(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def max_len(self) -> int:
+        return self.store.max_len
+
+    def claim(self) -> int:
+        """A free slot for a new sequence (it becomes running)."""
+        if self.running == self.slots:
+            raise RuntimeError("no free slot")  # the scheduler admits no more than `slots`
+        slot = self.running
+        self.running += 1
+        self.lengths[slot] = 0
+        self.store.pos[slot] = -1
+        return slot
+
+    def release(self, slot: int) -> int | None:
+        """Free a slot; the last running sequence moves into it. Returns the slot it moved from."""
+        last = self.running - 1
+        moved = None
+        if slot != last:
+            n = self.lengths[last]
+            store = self.store
+            store.k[:, slot, :, :n] = store.k[:, last, :, :n]
+            store.v[:, slot, :, :n] = store.v[:, last, :, :n]
+            store.pos[slot] = store.pos[last]
+            self.lengths[slot] = n
+            moved = last
+        self.store.pos[last] = -1
+        self.lengths[last] = 0
+        self.running -= 1
+        return moved
+
+    def row(self, slot: int) -> _RowView:
+        return _RowView(self, slot)
+
+    def running_view(self, pad_to: int = 1) -> _BatchView:
+        """Every running sequence, padded with scratch rows up to pad_to (<= slots) rows."""
+        return _BatchView(self, min(max(pad_to, 1), self.slots))
+
+
+class _RowView:
+    """KVCache-like view of one slot (batch of 1), continuing from its current length."""
+
+    contiguous = True  # a row is filled by its own prefill from position 0
+
+    def __init__(self, owner: SlotCache, slot: int):
+        self.owner, self.slot = owner, slot
+        self._start = self._end = owner.lengths[slot]
+
+    @property
+    def offset(self) -> int:
+        return self.owner.lengths[self.slot]
+
+    def append_positions(self, positions: torch.Tensor, contiguous: bool = False) -> torch.Tensor:
+        t = positions.shape[1]
+        start = self.owner.lengths[self.slot]
+        if start + t > self.owner.max_len:
+            raise ContextFull(f"context window full: {start} cached + {t} new tokens > {self.owner.max_len}")
+        self._start, self._end = start, start + t
+        self.owner.store.pos[self.slot, start : start + t] = positions[0]
+        self.owner.lengths[self.slot] = start + t
+        return self.owner.store.pos[self.slot : self.slot + 1, : start + t]
+
+    def update_and_fetch(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        store, s = self.owner.store, self.slot
+        store.k[layer, s, :, self._start : self._end] = k[0]
+        store.v[layer, s, :, self._start : self._end] = v[0]
+        return store.k[layer, s : s + 1, :, : self._end], store.v[layer, s : s + 1, :, : self._end]
+
+
+class _BatchView:
+    """KVCache-like view of every running slot, each taking one new token at its own length.
+    Rows past the running ones (free slots) are scratch rows: the caller feeds them copies and
+    calls release_scratch() after the step."""
+
+    contiguous = False  # rows have different lengths: the mask comes from positions
+
+    def __init__(self, owner: SlotCache, pad_to: int = 1):
+        self.owner = owner
+        self.n = max(owner.running, pad_to)
+        self.spans: list[tuple[int, int]] | None = None
+        device = owner.store.pos.device
+        self.rows = torch.arange(self.n, device=device)
+        self.ends = torch.tensor(owner.lengths[: self.n], device=device)  # where each new token goes
+        self.width = max(owner.lengths[: self.n]) + 1
+
+    def append_positions(self, positions: torch.Tensor, contiguous: bool = False) -> torch.Tensor:
+        if positions.shape != (self.n, 1):
+            raise ValueError(f"a batch step takes one token for each of {self.n} rows, got {tuple(positions.shape)}")
+        if self.width > self.owner.max_len:
+            raise ContextFull(f"context window full: a sequence already holds {self.width - 1} tokens")
+        self.owner.store.pos[self.rows, self.ends] = positions[:, 0]
+        for r in range(self.n):
+            self.owner.lengths[r] += 1
+        self.spans = [(0, length) for length in self.owner.lengths[: self.n]]  # row r's keys: its own
+        return self.owner.store.pos[: self.n, : self.width]
+
+    def release_scratch(self) -> None:
+        """Forget what the scratch rows took in this step."""
+        for r in range(self.owner.running, self.n):
+            self.owner.store.pos[r] = -1
+            self.owner.lengths[r] = 0
+
+    def update_and_fetch(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        store = self.owner.store
+        store.k[layer, self.rows, :, self.ends] = k[:, :, 0]  # (B, n_kv, head_dim) at each row's end
+        store.v[layer, self.rows, :, self.ends] = v[:, :, 0]
+        return store.k[layer, : self.n, :, : self.width], store.v[layer, : self.n, :, : self.width]

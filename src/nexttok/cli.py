@@ -233,9 +233,7 @@ def _hf_cached_checkpoints() -> list[tuple[str, str]]:
 def cmd_serve(args: argparse.Namespace, out: Console) -> int:
     import os
 
-    import uvicorn
-
-    from nexttok.server import create_app, load_served
+    from nexttok.server import ServerLimits, create_app, load_served, serve_in_main_thread
 
     sources = args.models or [DEFAULT_MODEL]
     names = args.served_model_name or []
@@ -248,10 +246,13 @@ def cmd_serve(args: argparse.Namespace, out: Console) -> int:
         served.append(load_served(source, names[i] if names else None, dtype=args.dtype, device=args.device,
                                   on_convert=lambda t, s=source: err.print(f"[dim]converting {s} once to {t}[/]")))
     api_key = args.api_key or os.environ.get("NEXTTOK_API_KEY")
-    app = create_app(served, api_key=api_key)
+    limits = ServerLimits(max_running=args.max_running, max_queue=args.max_queue,
+                          request_timeout=args.request_timeout or None, max_model_len=args.max_model_len or None,
+                          batch_invariant=not args.no_batch_invariance)
+    app = create_app(served, api_key=api_key, limits=limits, start_schedulers=False)
     err.print(f"serving {', '.join(m.name for m in served)} on http://{args.host}:{args.port} "
               f"({'API key required' if api_key else 'no API key'})")
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    serve_in_main_thread(app, served, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
 
@@ -315,6 +316,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--served-model-name", action="append", help="name clients use (one per model)")
     serve.add_argument("--dtype", default=None)
     serve.add_argument("--device", default=None)
+    serve.add_argument("--max-running", type=int, default=8, help="requests decoded together (default 8)")
+    serve.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429 (default 64)")
+    serve.add_argument("--request-timeout", type=float, default=600.0, help="seconds; 0 = none (default 600)")
+    serve.add_argument("--no-batch-invariance", action="store_true",
+                       help="faster with few requests, but a request's tokens may then depend (in rare near-ties) "
+                       "on what else runs in its batch")
+    serve.add_argument("--max-model-len", type=int, default=4096,
+                       help="prompt + completion tokens per request; 0 = the model's context (default 4096)")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     serve.set_defaults(func=cmd_serve)
 

@@ -77,18 +77,71 @@ class RawStep:
     stages: list[StageRecord] | None
 
 
-def generate_step(model, prompt_ids: Sequence[int], sampler: SamplerChain, history: History, *,
-                  use_cache: bool = True, max_len: int | None = None,
-                  record_stages: bool = False) -> Iterator[RawStep]:
-    """Yield one RawStep per generated token, forever or until the context (max_len) is full.
+class Generation:
+    """One generation's state apart from the model: its sampler chain, penalty history,
+    detokenizer and stop rules. `sample` turns the logits of each step into a Step record.
+    The single-sequence loop below and the server's batch scheduler both drive one of these."""
 
-    use_cache=False recomputes the whole context every step, to show what the cache saves.
-    """
-    config = model.config
-    limit = min(max_len or config.max_position_embeddings, config.max_position_embeddings)
-    device = next(model.parameters()).device
-    context = list(prompt_ids)
-    cache = KVCache.for_model(config, max_len=limit, dtype=next(model.parameters()).dtype,
+    def __init__(self, config, tokenizer: Tokenizer, prompt_ids: list[int], params: SamplingParams, *,
+                 max_tokens: int | None = 256, stop: str | Sequence[str] | None = None,
+                 stop_token_ids: Sequence[int] | None = None, top_n: int = 5, record_stages: bool = False,
+                 device="cpu", context_limit: int | None = None):
+        stops = _check_generation_args(max_tokens, stop)
+        self.tokenizer, self.prompt_ids, self.top_n, self.record_stages = tokenizer, prompt_ids, top_n, record_stages
+        self.params, self.vocab_size, self.device = params, config.vocab_size, device
+        # Tensors are made on the first sample(), in the thread that runs the model: PyTorch work
+        # in a second thread (say, a server's event loop) slows the model's thread down.
+        self.sampler: SamplerChain | None = None
+        self.history: History | None = None
+        self.stop_ids = set(config.eos_token_id if stop_token_ids is None else stop_token_ids)
+        limit = min(config.max_position_embeddings, context_limit or config.max_position_embeddings)
+        if len(prompt_ids) >= limit:
+            raise InvalidParameter("prompt", f"prompt is {len(prompt_ids)} tokens; the context window is {limit} "
+                                   "(it must leave room for at least one new token)", "context_length_exceeded")
+        self.max_len = min(limit, len(prompt_ids) + max_tokens) if max_tokens else limit
+        self.detok, self.held = IncrementalDetokenizer(tokenizer, skip_special=True), StopStrings(stops)
+        self.tokens: list[int] = []
+        self.finish_reason: str | None = None
+
+    @property
+    def context_length(self) -> int:
+        return len(self.prompt_ids) + len(self.tokens)
+
+    def sample(self, logits: torch.Tensor, elapsed: float, prefill: bool) -> Step:
+        """Choose the next token from the model's logits (vocab,) and describe it."""
+        if self.sampler is None:
+            self.sampler = SamplerChain.from_params(self.params, self.vocab_size, self.device)
+            self.history = History.start(self.prompt_ids, self.vocab_size, self.device)
+        stages = [] if self.record_stages else None
+        start = time.perf_counter()
+        token, final, u = self.sampler.sample(logits, self.history, stages)
+        self.history.add(token)
+        self.tokens.append(token)
+        raw = RawStep(token, logits, final, u, elapsed + time.perf_counter() - start, prefill, stages)
+        text, finish = self._text(token)
+        self.finish_reason = finish
+        return make_step(self.tokenizer, raw, len(self.tokens) - 1, text, finish, self.top_n)
+
+    def _text(self, token: int) -> tuple[str, str | None]:
+        """(text released by this token, finish reason or None)."""
+        held, detok = self.held, self.detok
+        if token in self.stop_ids:
+            return held.feed(detok.flush())[0] + held.flush(), "stop"
+        text, stopped = held.feed(detok.add(token))
+        if stopped:
+            return text, "stop"
+        if self.context_length >= self.max_len:  # max_tokens, or the context window is full
+            return text + held.feed(detok.flush())[0] + held.flush(), "length"
+        return text, None
+
+
+def generate_step(model, generation: Generation, *, use_cache: bool = True) -> Iterator[Step]:
+    """Prefill the prompt, then one token per step through the KV cache, until the generation
+    finishes. use_cache=False recomputes the whole context every step (what the cache saves)."""
+    parameter = next(model.parameters())
+    device = parameter.device
+    context = list(generation.prompt_ids)
+    cache = KVCache.for_model(model.config, max_len=generation.max_len, dtype=parameter.dtype,
                               device=device) if use_cache else None
     pending = torch.tensor([context], device=device)
     prefill = True
@@ -97,15 +150,13 @@ def generate_step(model, prompt_ids: Sequence[int], sampler: SamplerChain, histo
         with torch.inference_mode():
             inputs = pending if use_cache else torch.tensor([context], device=device)
             logits = model(inputs, cache, last_only=True)[0, -1]  # (vocab,)
-            stages = [] if record_stages else None
-            token, final, u = sampler.sample(logits, history, stages)
-        history.add(token)
-        yield RawStep(token, logits, final, u, time.perf_counter() - start, prefill, stages)
+            step = generation.sample(logits, time.perf_counter() - start, prefill)
+        yield step
+        if step.finish_reason:
+            return
         prefill = False
-        context.append(token)
-        if len(context) >= limit:
-            return  # the next forward pass would have no position left
-        pending = torch.tensor([[token]], device=device)
+        context.append(step.token_id)
+        pending = torch.tensor([[step.token_id]], device=device)
 
 
 class StopStrings:
@@ -168,31 +219,11 @@ def stream(model, tokenizer: Tokenizer, prompt: str | Sequence[int],
            stop: str | Sequence[str] | None = None, stop_token_ids: Sequence[int] | None = None,
            use_cache: bool = True, top_n: int = 5, record_stages: bool = False) -> Iterator[Step]:
     """Generate, yielding a Step per token; the last one carries finish_reason."""
-    params = params or SamplingParams()
-    stops = _check_generation_args(max_tokens, stop)
     ids = prompt_ids_for(model, tokenizer, prompt)
-    device = next(model.parameters()).device
-    sampler = SamplerChain.from_params(params, model.config.vocab_size, device)
-    history = History.start(ids, model.config.vocab_size, device)
-    stop_ids = set(model.config.eos_token_id if stop_token_ids is None else stop_token_ids)
-    limit = model.config.max_position_embeddings
-    detok, held = IncrementalDetokenizer(tokenizer, skip_special=True), StopStrings(stops)
-    max_len = min(limit, len(ids) + max_tokens) if max_tokens else limit
-    raw_steps = generate_step(model, ids, sampler, history, use_cache=use_cache, max_len=max_len,
-                              record_stages=record_stages)
-    for index, raw in enumerate(raw_steps):
-        finish = None
-        if raw.token_id in stop_ids:
-            text, finish = held.feed(detok.flush())[0] + held.flush(), "stop"
-        else:
-            text, stopped = held.feed(detok.add(raw.token_id))
-            if stopped:
-                finish = "stop"
-            elif len(ids) + index + 1 >= max_len:
-                text, finish = text + held.feed(detok.flush())[0] + held.flush(), "length"
-        yield make_step(tokenizer, raw, index, text, finish, top_n)
-        if finish:
-            return
+    generation = Generation(model.config, tokenizer, ids, params or SamplingParams(), max_tokens=max_tokens,
+                            stop=stop, stop_token_ids=stop_token_ids, top_n=top_n, record_stages=record_stages,
+                            device=next(model.parameters()).device)
+    yield from generate_step(model, generation, use_cache=use_cache)
 
 
 def _alternatives(tokenizer: Tokenizer, logprobs: torch.Tensor, n: int) -> list[Alternative]:

@@ -8,12 +8,23 @@ cache all come out of one rule: query at position p sees key at position j when 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
 # Masks the fast attention kernels express without a tensor, for contiguous positions 0..S-1:
 ALL = "all"  # one new token after the cache: it sees every key
 CAUSAL = "causal"  # a whole fresh sequence: query i sees keys 0..i
+
+
+@dataclass(frozen=True)
+class Ragged:
+    """One new token per row, row r seeing keys spans[r] = (start, end) of its own. Attention
+    runs row by row over exactly those keys, so a row's result does not depend on the other rows
+    (a batch wider than the row would change the kernel's summation order in the last bits)."""
+
+    spans: tuple[tuple[int, int], ...]
 
 
 def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None = None) -> torch.Tensor:
@@ -44,7 +55,13 @@ def attend(
     appended to it, computed apart from the fast kernel, so there is no cost when it is None.
     """
     n_rep = q.shape[1] // k.shape[1]
-    if isinstance(mask, str):
+    if isinstance(mask, Ragged):
+        out = torch.cat([F.scaled_dot_product_attention(q[r : r + 1], k[r : r + 1, :, a:b], v[r : r + 1, :, a:b],
+                                                        enable_gqa=n_rep > 1)
+                         for r, (a, b) in enumerate(mask.spans)])
+        if attention_out is not None:
+            mask = _span_mask(mask, k.shape[2], q.device)
+    elif isinstance(mask, str):
         out = F.scaled_dot_product_attention(q, k, v, is_causal=mask == CAUSAL, enable_gqa=n_rep > 1)
     else:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=n_rep > 1)
@@ -55,6 +72,14 @@ def attend(
             scores = scores.masked_fill(~mask[:, :, -1:], float("-inf"))
         attention_out.append(torch.softmax(scores.float(), dim=-1)[:, :, 0])  # (B, n_head, S)
     return out
+
+
+def _span_mask(ragged: Ragged, width: int, device) -> torch.Tensor:
+    """The boolean mask (B, 1, 1, S) equal to a Ragged one."""
+    keys = torch.arange(width, device=device)
+    starts = torch.tensor([a for a, _ in ragged.spans], device=device)[:, None]
+    ends = torch.tensor([b for _, b in ragged.spans], device=device)[:, None]
+    return ((keys >= starts) & (keys < ends))[:, None, None]
 
 
 def positions_for(ids: torch.Tensor, cache, positions: torch.Tensor | None, limit: int) -> torch.Tensor:
@@ -75,16 +100,21 @@ def positions_for(ids: torch.Tensor, cache, positions: torch.Tensor | None, limi
     return positions
 
 
-def masks_for(q_pos: torch.Tensor, k_pos: torch.Tensor, windows: set[int | None], contiguous: bool) -> dict:
+def masks_for(q_pos: torch.Tensor, k_pos: torch.Tensor, windows: set[int | None], contiguous: bool,
+              spans: list[tuple[int, int]] | None = None) -> dict:
     """One mask per distinct window size among the layers: {None: full, 4096: sliding, ...}.
 
     contiguous: every row's keys are positions 0..S-1 in order (no padding, no holes), so decode
     and a fresh prompt need no mask tensor while the window does not cut anything.
+    spans: for one token per row, the keys [start, end) each row sees (a batch of sequences of
+    different lengths, each stored from slot 0): attention goes row by row (Ragged).
     """
     t, s = q_pos.shape[1], k_pos.shape[1]
     masks: dict = {}
     for w in windows:
-        if contiguous and (w is None or s <= w) and t in (1, s):
+        if spans is not None and t == 1:
+            masks[w] = Ragged(tuple((max(a, b - w) if w else a, b) for a, b in spans))
+        elif contiguous and (w is None or s <= w) and t in (1, s):
             masks[w] = ALL if t == 1 else CAUSAL
         else:
             masks[w] = attention_mask(q_pos, k_pos, w)

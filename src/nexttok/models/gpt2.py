@@ -99,7 +99,7 @@ class GPT2(nn.Module):
         last_only: logits of the last position only (B, 1, vocab), all a generation step needs."""
         q_pos = positions_for(ids, cache, positions, self.config.max_position_embeddings)
         k_pos, contiguous = keys_for(q_pos, cache, explicit=positions is not None)  # (B, S)
-        masks = masks_for(q_pos, k_pos, {None}, contiguous)
+        masks = masks_for(q_pos, k_pos, {None}, contiguous, getattr(cache, "spans", None))
         x = self.wte(ids) + self.wpe(q_pos.clamp(min=0))  # (B, T, hidden)
         for block in self.h:
             x = block(x, masks, cache, attention_out)

@@ -150,7 +150,7 @@ class Llama(nn.Module):
         last_only: logits of the last position only (B, 1, vocab), all a generation step needs."""
         q_pos = positions_for(ids, cache, positions, self.config.max_position_embeddings)
         k_pos, contiguous = keys_for(q_pos, cache, explicit=positions is not None)  # (B, S)
-        masks = masks_for(q_pos, k_pos, self._windows, contiguous)
+        masks = masks_for(q_pos, k_pos, self._windows, contiguous, getattr(cache, "spans", None))
         rows = q_pos.clamp(min=0)
         x = self.embed_tokens(ids)  # (B, T, hidden)
         cos = self.rope_cos[rows].to(x.dtype)[:, None]  # (B, 1, T, hd/2)

@@ -7,9 +7,12 @@ POST /detokenize, GET /health, GET /metrics. Errors use OpenAI's shape
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -18,10 +21,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from nexttok.chat import ChatTemplateError
 from nexttok.errors import InvalidParameter
-from nexttok.generate import Step, prompt_ids_for
+from nexttok.generate import Generation, Step, prompt_ids_for
 from nexttok.sampling import SamplingParams
 from nexttok.server import responses
-from nexttok.server.engine import Metrics, ServedModel, generate_steps
+from nexttok.server.engine import ServedModel
+from nexttok.server.metrics import Metrics
+from nexttok.server.scheduler import GenerationFailed, QueueFull, RequestTimeout, Scheduler, ShuttingDown
 from nexttok.server.schemas import (
     ChatRequest,
     CompletionRequest,
@@ -36,6 +41,12 @@ MAX_TOP_LOGPROBS = 20
 OPEN_PATHS = {"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/"}
 
 
+@asynccontextmanager
+async def _lifespan(app: FastAPI):
+    yield
+    app.state.shutdown()  # ends every stream still open with a clean error event
+
+
 class APIError(Exception):
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
                  kind: str = "invalid_request_error"):
@@ -48,13 +59,46 @@ def error_response(status: int, message: str, param=None, code=None, kind="inval
     return JSONResponse(body, status_code=status)
 
 
-def create_app(models: list[ServedModel], *, api_key: str | None = None) -> FastAPI:
+@dataclass
+class ServerLimits:
+    max_running: int = 8  # requests decoded together in one batch, per model
+    max_queue: int = 64  # requests waiting for a slot before new ones get 429
+    request_timeout: float | None = 600.0  # seconds from arrival to the last token
+    max_model_len: int | None = 4096  # prompt + completion; None: the model's own context
+    batch_invariant: bool = True  # same tokens alone or in any batch (decode always runs max_running rows)
+
+    def __post_init__(self) -> None:
+        for name in ("max_running", "max_queue"):
+            if type(getattr(self, name)) is not int or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
+        if self.request_timeout is not None and not self.request_timeout > 0:
+            raise ValueError(f"request_timeout must be > 0 seconds, got {self.request_timeout!r}")
+        if self.max_model_len is not None and (type(self.max_model_len) is not int or self.max_model_len < 2):
+            raise ValueError(f"max_model_len must be an integer >= 2, got {self.max_model_len!r}")
+
+
+def create_app(models: list[ServedModel], *, api_key: str | None = None,
+               limits: ServerLimits | None = None, start_schedulers: bool = True) -> FastAPI:
+    """The app; each model's batch scheduler starts in a thread of its own unless
+    start_schedulers=False (then the caller runs one with scheduler.run(), see nexttok serve)."""
     if not models:
         raise ValueError("a server needs at least one model")
-    app = FastAPI(title="nexttok", version="0.1.0",
+    limits = limits or ServerLimits()
+    app = FastAPI(title="nexttok", version="0.1.0", lifespan=_lifespan,
                   description="OpenAI-compatible text generation, one token at a time.")
     app.state.models = {m.name: m for m in models}
     app.state.metrics = Metrics()
+    app.state.limits = limits
+    for served in models:
+        context = served.model.config.max_position_embeddings
+        served.scheduler = Scheduler(served.model, max_running=limits.max_running, max_queue=limits.max_queue,
+                                     max_len=min(context, limits.max_model_len or context),
+                                     timeout=limits.request_timeout, metrics=app.state.metrics,
+                                     batch_invariant=limits.batch_invariant)
+        if start_schedulers:
+            served.scheduler.start()
+    app.state.shutdown = lambda: [m.scheduler.stop() for m in models]
+    app.state.request_stop = lambda: [m.scheduler.request_stop() for m in models]
     _install_errors(app)
     _install_auth(app, api_key)
     _install_routes(app)
@@ -75,6 +119,25 @@ def _install_errors(app: FastAPI) -> None:
     @app.exception_handler(InvalidParameter)
     async def invalid_parameter(request: Request, e: InvalidParameter):
         return error_response(400, str(e), e.param, e.code)
+
+    @app.exception_handler(QueueFull)
+    async def queue_full(request: Request, e: QueueFull):
+        response = error_response(429, f"server busy: {e}; retry shortly", code="queue_full",
+                                  kind="rate_limit_error")
+        response.headers["Retry-After"] = "1"
+        return response
+
+    @app.exception_handler(RequestTimeout)
+    async def timeout(request: Request, e: RequestTimeout):
+        return error_response(504, str(e), code="timeout", kind="timeout_error")
+
+    @app.exception_handler(GenerationFailed)
+    async def generation_failed(request: Request, e: GenerationFailed):
+        return error_response(500, str(e), code="generation_failed", kind="server_error")
+
+    @app.exception_handler(ShuttingDown)
+    async def shutting_down(request: Request, e: ShuttingDown):
+        return error_response(503, str(e), code="shutting_down", kind="server_error")
 
     @app.exception_handler(ChatTemplateError)
     async def chat_template(request: Request, e: ChatTemplateError):
@@ -158,7 +221,7 @@ def _install_routes(app: FastAPI) -> None:
         if body.top_logprobs is not None and not body.logprobs:
             raise InvalidParameter("top_logprobs", "top_logprobs requires logprobs to be true")
         text = served.chat_template.render(body.messages)
-        ids = prompt_ids_for(served.model, served.tokenizer, served.tokenizer.encode(text))
+        ids = _prompt_ids(served, served.tokenizer.encode(text))
         top_n = _top_n(body.top_logprobs if body.logprobs else None, "top_logprobs")
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         plan = _plan(served, body, max_tokens)
@@ -207,7 +270,16 @@ def _completion_prompts(served: ServedModel, prompt) -> list[list[int]]:
         raise InvalidParameter("prompt", "prompt must not be empty")
     if len(prompt) > MAX_N:
         raise InvalidParameter("prompt", f"at most {MAX_N} prompts per request, got {len(prompt)}")
-    return [prompt_ids_for(served.model, served.tokenizer, p) for p in prompt]
+    return [_prompt_ids(served, p) for p in prompt]
+
+
+def _prompt_ids(served: ServedModel, prompt) -> list[int]:
+    ids = prompt_ids_for(served.model, served.tokenizer, prompt)
+    if len(ids) >= served.context_length:
+        raise InvalidParameter("prompt", f"prompt is {len(ids)} tokens; the context window is "
+                               f"{served.context_length} (it must leave room for at least one new token)",
+                               "context_length_exceeded")
+    return ids
 
 
 def _top_n(value: int | None, param: str) -> int:
@@ -253,28 +325,47 @@ def _params_for_choice(params: SamplingParams, index: int) -> SamplingParams:
 
 
 async def _respond(app, served, body, jobs, plan, top_n, fmt):
-    app.state.metrics.requests_total += 1
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     if body.stream_options is not None and not body.stream:
         raise InvalidParameter("stream_options", "stream_options is only allowed when stream is true")
-    runs = [(ids, index, _steps(app, served, ids, plan, index, top_n)) for ids, index in jobs]
-    first = await runs[0][2].__anext__()  # errors before the first token become a 4xx response
-    if not body.stream:
-        choices, usage = [], responses.Usage()
-        for n, (ids, index, steps) in enumerate(runs):
-            collected = [first] if n == 0 else []
-            collected += [s async for s in steps]
-            choices.append(fmt.choice(index, collected))
-            usage.add(len(ids), len(collected))
-        return fmt.response(choices, usage)
+    runs = [(ids, index, served.scheduler.submit(_generation(served, ids, plan, index, top_n)))
+            for ids, index in jobs]
+    try:
+        first = await runs[0][2].__anext__()  # errors before the first token become a 4xx/5xx response
+        if not body.stream:
+            return await _complete(runs, first, fmt)
+    except BaseException:
+        await _close(runs)
+        raise
     return StreamingResponse(_sse(runs, first, fmt, include_usage), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-def _steps(app, served, ids, plan, index, top_n) -> AsyncIterator[Step]:
-    return generate_steps(served, ids, _params_for_choice(plan["params"], index),
-                          max_tokens=plan["max_tokens"], stop=plan["stop"], top_n=top_n,
-                          metrics=app.state.metrics)
+async def _complete(runs, first: Step, fmt) -> dict:
+    """All choices at once; they were submitted together, so they decode in one batch."""
+    async def collect(n: int, steps) -> list[Step]:
+        if n > 0:
+            return [s async for s in steps]
+        return [first] if first.finish_reason else [first] + [s async for s in steps]
+
+    collected = await asyncio.gather(*(collect(n, steps) for n, (_, _, steps) in enumerate(runs)))
+    usage = responses.Usage()
+    choices = []
+    for (ids, index, _), steps in zip(runs, collected, strict=True):
+        choices.append(fmt.choice(index, steps))
+        usage.add(len(ids), len(steps))
+    return fmt.response(choices, usage)
+
+
+def _generation(served, ids, plan, index, top_n) -> Generation:
+    return Generation(served.model.config, served.tokenizer, ids, _params_for_choice(plan["params"], index),
+                      max_tokens=plan["max_tokens"], stop=plan["stop"], top_n=top_n,
+                      context_limit=served.context_length)
+
+
+async def _close(runs) -> None:
+    for _, _, steps in runs:
+        await steps.aclose()
 
 
 async def _sse(runs, first: Step, fmt, include_usage: bool) -> AsyncIterator[bytes]:
@@ -293,12 +384,11 @@ async def _sse(runs, first: Step, fmt, include_usage: bool) -> AsyncIterator[byt
             usage.add(len(ids), count)
         if include_usage:
             yield _event(fmt.usage_chunk(usage), False)
-    except (InvalidParameter, ValueError) as e:  # mid-stream failure: tell the client, end cleanly
-        yield _event({"error": {"message": str(e), "type": "invalid_request_error", "param": None,
-                                "code": None}}, False)
+    except (ValueError, RequestTimeout, ShuttingDown, GenerationFailed) as e:  # say so, end cleanly
+        kind = "timeout_error" if isinstance(e, RequestTimeout) else "server_error"
+        yield _event({"error": {"message": str(e), "type": kind, "param": None, "code": None}}, False)
     finally:
-        for _, _, steps in runs:
-            await steps.aclose()
+        await _close(runs)
     yield b"data: [DONE]\n\n"
 
 

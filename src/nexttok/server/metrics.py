@@ -1,0 +1,69 @@
+"""Server metrics in Prometheus' text format (counters, gauges, histograms), thread-safe."""
+
+from __future__ import annotations
+
+import threading
+
+COUNTERS = ("requests_total", "rejected_total", "cancelled_total", "timeouts_total", "failed_total",
+            "tokens_generated_total", "decode_steps_total")
+GAUGES = ("queue_depth", "running")
+HISTOGRAMS = {
+    "time_to_first_token_seconds": (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+    "time_per_output_token_seconds": (0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0),
+}
+HELP = {
+    "requests_total": "generation requests accepted",
+    "rejected_total": "requests refused because the waiting line was full (HTTP 429)",
+    "cancelled_total": "requests whose client went away before the end",
+    "timeouts_total": "requests ended by the request timeout",
+    "failed_total": "requests ended by an error inside generation",
+    "tokens_generated_total": "tokens generated",
+    "decode_steps_total": "batched decode forward passes (tokens generated / steps = mean batch size)",
+    "queue_depth": "requests waiting for a batch slot",
+    "running": "requests in the running batch",
+    "time_to_first_token_seconds": "from arrival to the first generated token",
+    "time_per_output_token_seconds": "between consecutive tokens of one request",
+}
+
+
+class Metrics:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._values = {name: 0 for name in (*COUNTERS, *GAUGES)}
+        self._histograms = {name: ([0] * len(bounds), [0.0, 0]) for name, bounds in HISTOGRAMS.items()}
+
+    def inc(self, name: str, amount: int = 1) -> None:
+        with self._lock:
+            self._values[name] += amount
+
+    def set(self, name: str, value: int) -> None:
+        with self._lock:
+            self._values[name] = value
+
+    def observe(self, name: str, value: float) -> None:
+        with self._lock:
+            buckets, totals = self._histograms[name]
+            for i, bound in enumerate(HISTOGRAMS[name]):
+                if value <= bound:
+                    buckets[i] += 1
+            totals[0] += value
+            totals[1] += 1
+
+    def value(self, name: str) -> int:
+        with self._lock:
+            return self._values[name]
+
+    def prometheus(self) -> str:
+        lines = []
+        with self._lock:
+            for name, value in self._values.items():
+                kind = "counter" if name in COUNTERS else "gauge"
+                lines += [f"# HELP nexttok_{name} {HELP[name]}", f"# TYPE nexttok_{name} {kind}",
+                          f"nexttok_{name} {value}"]
+            for name, (buckets, (total, count)) in self._histograms.items():
+                lines += [f"# HELP nexttok_{name} {HELP[name]}", f"# TYPE nexttok_{name} histogram"]
+                for bound, n in zip(HISTOGRAMS[name], buckets, strict=True):
+                    lines.append(f'nexttok_{name}_bucket{{le="{bound}"}} {n}')
+                lines += [f'nexttok_{name}_bucket{{le="+Inf"}} {count}', f"nexttok_{name}_sum {total:.6f}",
+                          f"nexttok_{name}_count {count}"]
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,200 @@
+"""Continuous batching in the server: exactness alone vs in a batch, admission control, timeouts,
+faults (a failing request, slow readers, disconnects) and shutdown while streaming."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from live_server import LiveServer
+from nexttok.generate import Generation
+from nexttok.server import ServerLimits, create_app, load_served
+from tiny_models import write_chat_template, write_tiny_with_gpt2_tokenizer
+
+MODEL = "tiny"
+NO_EOS = {"logit_bias": {"50256": -100}}  # long generations must not end early by sampling EOS
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, gpt2_dir):
+    directory = tmp_path_factory.mktemp("batching")
+    write_tiny_with_gpt2_tokenizer("llama_long_context", directory, gpt2_dir)
+    write_chat_template(directory)
+    return directory
+
+
+def _server(model_dir, **limits):
+    return LiveServer(create_app([load_served(str(model_dir), MODEL)], limits=ServerLimits(**limits)))
+
+
+def _complete(url, **body):
+    response = httpx.post(url + "/v1/completions", json={"model": MODEL, **body}, timeout=120)
+    return response
+
+
+def _metrics(url) -> dict[str, float]:
+    text = httpx.get(url + "/metrics").text
+    return {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if not line.startswith("#")}
+
+
+def _stream_events(url, body, pause: float = 0.0) -> list:
+    events = []
+    with httpx.stream("POST", url + "/v1/completions", json={"model": MODEL, "stream": True, **body},
+                      timeout=120) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:] if line == "data: [DONE]" else json.loads(line[6:]))
+                time.sleep(pause)
+    return events
+
+
+REQUESTS = [{"prompt": f"Request number {i} says", "max_tokens": 24,
+             **({"temperature": 0} if i % 2 else {"temperature": 1.1, "top_p": 0.9, "seed": 100 + i})}
+            for i in range(8)]
+
+
+def test_same_tokens_alone_and_in_a_batch_of_8(model_dir):
+    with _server(model_dir, max_running=8) as live:
+        alone = [_complete(live.url, **body).json()["choices"][0]["text"] for body in REQUESTS]
+        before = _metrics(live.url)
+        with ThreadPoolExecutor(8) as pool:
+            together = list(pool.map(lambda b: _complete(live.url, **b).json()["choices"][0]["text"], REQUESTS))
+        after = _metrics(live.url)
+    for i, (a, b) in enumerate(zip(alone, together, strict=True)):
+        assert a == b, f"request {i} ({REQUESTS[i]}): alone {a!r} vs batched {b!r}"
+    tokens = after["nexttok_tokens_generated_total"] - before["nexttok_tokens_generated_total"]
+    steps = after["nexttok_decode_steps_total"] - before["nexttok_decode_steps_total"]
+    assert tokens == 8 * 24
+    assert tokens / steps > 2  # requests really shared decode steps
+
+
+def test_n_choices_decode_together(model_dir):
+    with _server(model_dir, max_running=4) as live:
+        before = _metrics(live.url)
+        result = _complete(live.url, prompt="Hi", max_tokens=16, n=4, seed=9, temperature=1.0).json()
+        after = _metrics(live.url)
+    assert [c["index"] for c in result["choices"]] == [0, 1, 2, 3]
+    steps = after["nexttok_decode_steps_total"] - before["nexttok_decode_steps_total"]
+    assert steps < 4 * 15
+
+
+def test_full_queue_gets_429_with_retry_after(model_dir):
+    with _server(model_dir, max_running=1, max_queue=1) as live:
+        long = {"prompt": "Long", "max_tokens": 3000, "temperature": 1.0, **NO_EOS}
+        blockers = [threading.Thread(target=_stream_events, args=(live.url, long)) for _ in range(2)]
+        for thread in blockers:
+            thread.start()
+        deadline = time.monotonic() + 10
+        while _metrics(live.url)["nexttok_queue_depth"] < 1:  # one running, one waiting
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        response = _complete(live.url, prompt="x", max_tokens=2)
+        assert response.status_code == 429 and response.headers["Retry-After"] == "1"
+        assert response.json()["error"]["code"] == "queue_full"
+        assert _metrics(live.url)["nexttok_rejected_total"] == 1
+        live.stop()
+        for thread in blockers:
+            thread.join(timeout=30)
+            assert not thread.is_alive()
+
+
+def test_request_timeout(model_dir):
+    with _server(model_dir, request_timeout=0.3) as live:
+        response = _complete(live.url, prompt="Slow", max_tokens=3000, temperature=1.0, **NO_EOS)
+        assert response.status_code == 504 and response.json()["error"]["code"] == "timeout"
+        events = _stream_events(live.url, {"prompt": "Slow", "max_tokens": 3000, "temperature": 1.0, **NO_EOS})
+        assert events[-1] == "[DONE]" and events[-2]["error"]["type"] == "timeout_error"
+        assert _metrics(live.url)["nexttok_timeouts_total"] == 2
+        assert _complete(live.url, prompt="quick", max_tokens=3).status_code == 200  # still serving
+
+
+def test_a_failing_request_leaves_the_others_alone(model_dir, monkeypatch):
+    original = Generation.sample
+
+    def sample(self, logits, elapsed, prefill):
+        if "poison" in self.tokenizer.decode(self.prompt_ids) and len(self.tokens) == 3:
+            raise RuntimeError("injected failure")
+        return original(self, logits, elapsed, prefill)
+
+    monkeypatch.setattr(Generation, "sample", sample)
+    with _server(model_dir) as live:
+        expected = _complete(live.url, prompt="healthy", max_tokens=20, temperature=0).json()["choices"][0]["text"]
+        with ThreadPoolExecutor(4) as pool:
+            poisoned = pool.submit(_complete, live.url, prompt="poison", max_tokens=20, temperature=0)
+            poisoned_stream = pool.submit(_stream_events, live.url, {"prompt": "poison pill", "max_tokens": 20})
+            healthy = [pool.submit(_complete, live.url, prompt="healthy", max_tokens=20, temperature=0)
+                       for _ in range(2)]
+        assert poisoned.result().status_code == 500
+        assert poisoned.result().json()["error"]["code"] == "generation_failed"
+        events = poisoned_stream.result()
+        assert events[-1] == "[DONE]" and "injected failure" in events[-2]["error"]["message"]
+        assert [h.result().json()["choices"][0]["text"] for h in healthy] == [expected, expected]
+        assert _metrics(live.url)["nexttok_failed_total"] == 2
+
+
+def test_slow_reader_does_not_hold_up_others(model_dir):
+    with _server(model_dir) as live:
+        slow = threading.Thread(target=_stream_events,
+                                args=(live.url, {"prompt": "slow", "max_tokens": 40}, 0.1))
+        slow.start()
+        start = time.monotonic()
+        fast = _stream_events(live.url, {"prompt": "fast", "max_tokens": 40, "temperature": 0})
+        assert fast[-1] == "[DONE]" and fast[-2]["choices"][0]["finish_reason"] == "length"
+        assert slow.is_alive()  # the slow reader is still reading while the fast one is done
+        assert time.monotonic() - start < 4
+        slow.join(timeout=30)
+
+
+def test_disconnects_free_slots(model_dir):
+    with _server(model_dir, max_running=2) as live:
+        body = {"model": MODEL, "prompt": "Go", "max_tokens": 3000, "stream": True, "temperature": 1.0, **NO_EOS}
+        for _ in range(3):  # three times more than the slots: each disconnect must free its slot
+            with httpx.stream("POST", live.url + "/v1/completions", json=body, timeout=60) as response:
+                lines = response.iter_lines()
+                [next(lines) for _ in range(4)]
+        deadline = time.monotonic() + 10
+        while _metrics(live.url)["nexttok_cancelled_total"] < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert _metrics(live.url)["nexttok_running"] == 0
+        assert _complete(live.url, prompt="after", max_tokens=3).status_code == 200
+
+
+def test_shutdown_while_streaming_ends_streams_cleanly(model_dir):
+    live = _server(model_dir).__enter__()
+    events: list = []
+    reader = threading.Thread(target=lambda: events.extend(
+        _stream_events(live.url, {"prompt": "Forever", "max_tokens": 3000, "temperature": 1.0, **NO_EOS})))
+    reader.start()
+    deadline = time.monotonic() + 10
+    while _metrics(live.url)["nexttok_running"] < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    start = time.monotonic()
+    live.stop()
+    reader.join(timeout=30)
+    assert not reader.is_alive() and not live.thread.is_alive()
+    assert time.monotonic() - start < 15
+    assert events[-1] == "[DONE]" and "shutting down" in events[-2]["error"]["message"]
+
+
+def test_metrics_format(model_dir):
+    with _server(model_dir) as live:
+        _complete(live.url, prompt="m", max_tokens=4)
+        text = httpx.get(live.url + "/metrics").text
+    for name in ("nexttok_queue_depth", "nexttok_running", "nexttok_tokens_generated_total",
+                 'nexttok_time_to_first_token_seconds_bucket{le="+Inf"} 1',
+                 "nexttok_time_per_output_token_seconds_count 3", "# TYPE nexttok_time_to_first_token_seconds histogram"):
+        assert name in text
+
+
+def test_bad_limits():
+    with pytest.raises(ValueError, match="max_running must be an integer >= 1"):
+        ServerLimits(max_running=0)
+    with pytest.raises(ValueError, match="request_timeout must be > 0"):
+        ServerLimits(request_timeout=-1)
