@@ -87,14 +87,15 @@ def test_full_queue_gets_429_with_retry_after(model_dir):
     with _server(model_dir, max_running=1, max_queue=1) as live:
         long = {"prompt": "Long", "max_tokens": 3000, "temperature": 1.0, **NO_EOS}
         blockers = [threading.Thread(target=_stream_events, args=(live.url, long)) for _ in range(2)]
-        for thread in blockers:
-            thread.start()
-        deadline = time.monotonic() + 10
-        while _metrics(live.url)["nexttok_queue_depth"] < 1:  # one running, one waiting
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        for thread, (gauge, value) in zip(blockers, [("running", 1), ("queue_depth", 1)], strict=True):
+            thread.start()  # one at a time: the second must find the first already running
+            deadline = time.monotonic() + 10
+            while _metrics(live.url)[f"nexttok_{gauge}"] < value:
+                assert time.monotonic() < deadline, _metrics(live.url)
+                time.sleep(0.02)
         response = _complete(live.url, prompt="x", max_tokens=2)
-        assert response.status_code == 429 and response.headers["Retry-After"] == "1"
+        assert response.status_code == 429, response.text
+        assert response.headers["Retry-After"] == "1"
         assert response.json()["error"]["code"] == "queue_full"
         assert _metrics(live.url)["nexttok_rejected_total"] == 1
         live.stop()

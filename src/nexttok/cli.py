@@ -248,7 +248,7 @@ def cmd_serve(args: argparse.Namespace, out: Console) -> int:
     api_key = args.api_key or os.environ.get("NEXTTOK_API_KEY")
     limits = ServerLimits(max_running=args.max_running, max_queue=args.max_queue,
                           request_timeout=args.request_timeout or None, max_model_len=args.max_model_len or None,
-                          batch_invariant=not args.no_batch_invariance)
+                          batch_invariant=not args.no_batch_invariance, max_body_bytes=args.max_body_bytes)
     app = create_app(served, api_key=api_key, limits=limits, start_schedulers=False)
     err.print(f"serving {', '.join(m.name for m in served)} on http://{args.host}:{args.port} "
               f"({'API key required' if api_key else 'no API key'})")
@@ -319,6 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-running", type=int, default=8, help="requests decoded together (default 8)")
     serve.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429 (default 64)")
     serve.add_argument("--request-timeout", type=float, default=600.0, help="seconds; 0 = none (default 600)")
+    serve.add_argument("--max-body-bytes", type=int, default=4 << 20, help="larger request bodies get 413")
     serve.add_argument("--no-batch-invariance", action="store_true",
                        help="faster with few requests, but a request's tokens may then depend (in rare near-ties) "
                        "on what else runs in its batch")

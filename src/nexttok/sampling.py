@@ -2,7 +2,7 @@
 
 Every stage maps logits (vocab,) to logits (vocab,): penalties and logit bias change values,
 truncation filters (top-k, top-p, min-p) set the tokens they cut to -inf, temperature rescales.
-The chain is itself a stage. The final draw is apart: greedy when temperature == 0, otherwise an
+The chain is itself a stage. The final draw is apart: greedy when temperature is 0 (< 1e-5), otherwise an
 inverse-CDF draw with one uniform number u from a seeded generator, over the kept tokens sorted by
 probability — so the same u under other dial settings picks a comparable token (the explainer's
 live dials rely on this).
@@ -21,6 +21,7 @@ import torch
 from nexttok.errors import InvalidParameter
 
 STAGE_NAMES = ("penalties", "logit_bias", "top_k", "top_p", "min_p", "temperature")
+GREEDY_BELOW = 1e-5  # temperatures this small draw greedily (as vLLM): dividing by them overflows
 DEFAULT_ORDER = STAGE_NAMES
 NEG_INF = float("-inf")
 
@@ -29,7 +30,7 @@ NEG_INF = float("-inf")
 class SamplingParams:
     """What the user sets. Neutral values switch a stage off (and it is not built at all)."""
 
-    temperature: float = 1.0
+    temperature: float = 1.0  # 0 (or below 1e-5) = greedy
     top_k: int = 0  # 0: off
     top_p: float = 1.0
     min_p: float = 0.0
@@ -214,7 +215,7 @@ class SamplerChain:
 
     def __init__(self, stages: Sequence, temperature: float, seed: int | None, device="cpu"):
         self.stages = list(stages)
-        self.greedy = temperature == 0
+        self.greedy = temperature < GREEDY_BELOW
         self.generator = torch.Generator(device=device)
         if seed is None:
             self.generator.seed()
@@ -225,7 +226,7 @@ class SamplerChain:
     def from_params(cls, params: SamplingParams, vocab_size: int, device="cpu") -> SamplerChain:
         """Only the stages whose settings are not neutral are built (zero cost for the rest)."""
         p = params
-        drawing = p.temperature != 0  # truncation and temperature never change a greedy pick
+        drawing = p.temperature >= GREEDY_BELOW  # truncation and temperature never change a greedy pick
         wanted = {
             "penalties": p.repetition_penalty != 1 or p.presence_penalty != 0 or p.frequency_penalty != 0,
             "logit_bias": bool(p.logit_bias),

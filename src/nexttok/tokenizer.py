@@ -433,11 +433,11 @@ class Tokenizer:
         if self.normalizer is not None:
             text = self.normalizer(text)
         cache = self._cache
-        if len(cache) > _CACHE_LIMIT:
-            cache.clear()
         for word in self.pre_tokenizer([text]):
             cached = cache.get(word)
             if cached is None:
+                if len(cache) >= _CACHE_LIMIT:  # bounded memory on endless distinct words
+                    cache.clear()
                 cached = cache[word] = self._bpe(_byte_level(word))
             ids += cached
 

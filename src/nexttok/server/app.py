@@ -28,16 +28,17 @@ from nexttok.server.engine import ServedModel
 from nexttok.server.metrics import Metrics
 from nexttok.server.scheduler import GenerationFailed, QueueFull, RequestTimeout, Scheduler, ShuttingDown
 from nexttok.server.schemas import (
+    MAX_N,
+    MAX_STOP,
+    MAX_TOP_LOGPROBS,
     ChatRequest,
     CompletionRequest,
     DetokenizeRequest,
+    ErrorResponse,
     SamplingFields,
     TokenizeRequest,
 )
 
-MAX_N = 8
-MAX_STOP = 4
-MAX_TOP_LOGPROBS = 20
 OPEN_PATHS = {"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/"}
 
 
@@ -66,6 +67,7 @@ class ServerLimits:
     request_timeout: float | None = 600.0  # seconds from arrival to the last token
     max_model_len: int | None = 4096  # prompt + completion; None: the model's own context
     batch_invariant: bool = True  # same tokens alone or in any batch (decode always runs max_running rows)
+    max_body_bytes: int = 4 << 20  # larger request bodies get 413
 
     def __post_init__(self) -> None:
         for name in ("max_running", "max_queue"):
@@ -75,6 +77,8 @@ class ServerLimits:
             raise ValueError(f"request_timeout must be > 0 seconds, got {self.request_timeout!r}")
         if self.max_model_len is not None and (type(self.max_model_len) is not int or self.max_model_len < 2):
             raise ValueError(f"max_model_len must be an integer >= 2, got {self.max_model_len!r}")
+        if type(self.max_body_bytes) is not int or self.max_body_bytes < 1024:
+            raise ValueError(f"max_body_bytes must be an integer >= 1024, got {self.max_body_bytes!r}")
 
 
 def create_app(models: list[ServedModel], *, api_key: str | None = None,
@@ -101,11 +105,97 @@ def create_app(models: list[ServedModel], *, api_key: str | None = None,
     app.state.request_stop = lambda: [m.scheduler.request_stop() for m in models]
     _install_errors(app)
     _install_auth(app, api_key)
+    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
     _install_routes(app)
     from nexttok.server.explainer import install_explainer
 
     install_explainer(app, lambda name: _served(app, name))
+    app.openapi = lambda: _openapi(app, api_key is not None)
     return app
+
+
+ERROR_RESPONSES = {
+    "400": "a parameter is invalid (the error names it as `param`) or the body is not valid JSON",
+    "401": "the API key is missing or wrong",
+    "404": "unknown model or explainer session",
+    "413": "the request body is larger than the server accepts",
+    "429": "the waiting line is full; retry after Retry-After seconds",
+    "500": "generation failed inside the server",
+    "503": "the server is shutting down",
+    "504": "the request ran past the server's request timeout",
+}
+STREAMING_PATHS = ("/v1/completions", "/v1/chat/completions")
+
+
+def _openapi(app: FastAPI, with_auth: bool) -> dict:
+    """FastAPI's spec, with the responses this server really gives: OpenAI-shaped errors (never
+    FastAPI's 422), and server-sent events for streaming requests."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    from fastapi.openapi.utils import get_openapi
+
+    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    error_schema = ErrorResponse.model_json_schema(ref_template="#/components/schemas/{model}")
+    components.update(error_schema.pop("$defs", {}))
+    components["ErrorResponse"] = error_schema
+    error_content = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
+    for path, operations in schema.get("paths", {}).items():
+        for operation in operations.values():
+            responses = operation.setdefault("responses", {})
+            responses.pop("422", None)
+            for code, description in ERROR_RESPONSES.items():
+                if code == "401" and (not with_auth or path in OPEN_PATHS):
+                    continue
+                responses[code] = {"description": description, "content": error_content}
+            if path in STREAMING_PATHS:
+                responses["200"].setdefault("content", {})["text/event-stream"] = {
+                    "schema": {"type": "string", "description": "data: {chunk} lines, then data: [DONE]"}}
+    components.pop("HTTPValidationError", None)
+    components.pop("ValidationError", None)
+    app.openapi_schema = schema
+    return schema
+
+
+class BodyTooLarge(StarletteHTTPException):
+    """Raised while reading a body past the limit (an HTTPException, so FastAPI's body parsing
+    passes it on instead of turning it into a 400)."""
+
+    def __init__(self, limit: int):
+        super().__init__(413, f"request body is larger than {limit} bytes")
+
+
+class BodyLimit:
+    """Refuse request bodies over max_bytes: by Content-Length up front, or while reading."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                return await error_response(400, "Content-Length is not a number")(scope, receive, send)
+            if int(declared) > self.max_bytes:
+                return await _too_large(self.max_bytes)(scope, receive, send)
+        seen = 0
+
+        async def counted():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise BodyTooLarge(self.max_bytes)
+            return message
+
+        await self.app(scope, counted, send)
+
+
+def _too_large(limit: int) -> JSONResponse:
+    return error_response(413, f"request body is larger than {limit} bytes", code="body_too_large")
 
 
 # -- errors and auth ----------------------------------------------------------------------------
@@ -151,24 +241,28 @@ def _install_errors(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException):
         message = f"no route {request.method} {request.url.path}" if e.status_code in (404, 405) else str(e.detail)
-        return error_response(e.status_code, message, code="not_found" if e.status_code == 404 else None)
+        code = {404: "not_found", 413: "body_too_large"}.get(e.status_code)
+        return error_response(e.status_code, message, code=code)
 
 
 def _describe_validation(errors: list[dict]) -> tuple[str, str | None]:
-    """One clear message from pydantic's list, naming the parameter."""
+    """One clear message from pydantic's list, naming the (top-level) parameter."""
     first = errors[0]
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    param = ".".join(loc) or None
+    param = loc[0] if loc else None
     kind = first.get("type")
     if kind == "json_invalid":
         return f"request body is not valid JSON: {first.get('ctx', {}).get('error', '')}", None
     if kind == "extra_forbidden":
-        return f"Unrecognized request argument supplied: {param}", param
+        return f"Unrecognized request argument supplied: {'.'.join(loc)}", param
     if kind == "missing":
-        return f"Missing required parameter: {param}", param
-    if kind == "model_attributes_type":
+        return f"Missing required parameter: {'.'.join(loc)}", param
+    if kind in ("model_attributes_type", "model_type") and not loc:
         return "request body must be a JSON object", None
-    return f"Invalid value for {param}: {first.get('msg')}", param
+    # a union (e.g. stop: string or list) fails once per alternative: say them all
+    same = [e.get("msg", "") for e in errors if [str(p) for p in e.get("loc", ()) if p != "body"][:1] == loc[:1]]
+    reasons = "; or ".join(dict.fromkeys(same))
+    return f"Invalid value for {param}: {reasons}", param
 
 
 def _install_auth(app: FastAPI, api_key: str | None) -> None:

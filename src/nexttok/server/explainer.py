@@ -18,8 +18,8 @@ import anyio
 from fastapi import FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
+from pydantic import Field
 
-from nexttok.errors import InvalidParameter
 from nexttok.explain import ExplainSession
 from nexttok.sampling import SamplingParams
 from nexttok.server.schemas import Strict
@@ -31,7 +31,7 @@ MAX_SESSIONS = 8
 class SessionRequest(Strict):
     prompt: str
     model: str | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, lt=2**63)
 
 
 class GotoRequest(Strict):
@@ -39,14 +39,14 @@ class GotoRequest(Strict):
 
 
 class StepRequest(Strict):
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    node: int | None = None
-    token_id: int | None = None
-    top_n: int = 10
+    temperature: float = Field(1.0, ge=0)
+    top_k: int = Field(0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    min_p: float = Field(0.0, ge=0, le=1)
+    repetition_penalty: float = Field(1.0, gt=0, le=100)
+    node: int | None = Field(None, ge=0)
+    token_id: int | None = Field(None, ge=0)
+    top_n: int = Field(10, ge=1, le=50)
 
 
 def install_explainer(app: FastAPI, served_for) -> None:
@@ -77,8 +77,6 @@ def install_explainer(app: FastAPI, served_for) -> None:
     @app.post("/explain/sessions/{key}/step")
     async def step(key: str, body: StepRequest):
         served, session = _session(sessions, key)
-        if not 1 <= body.top_n <= 50:
-            raise InvalidParameter("top_n", f"top_n must be in [1, 50], got {body.top_n}")
         params = SamplingParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
                                 min_p=body.min_p, repetition_penalty=body.repetition_penalty)
         async with served.lock:
@@ -105,7 +103,10 @@ def install_explainer(app: FastAPI, served_for) -> None:
 
 def _session(sessions, key: str):
     if key not in sessions:
-        raise InvalidParameter("session", f"no explainer session {key!r} (it may have expired)")
+        from nexttok.server.app import APIError
+
+        raise APIError(404, f"no explainer session {key!r} (it may have expired)", param="session",
+                       code="session_not_found")
     sessions.move_to_end(key)
     return sessions[key]
 

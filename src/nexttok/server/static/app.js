@@ -55,7 +55,7 @@ function minP(logits, p) {
 
 function chain(raw, dials) {
   const stages = [{ name: "raw (model)", logits: raw }];
-  const greedy = dials.temperature === 0;
+  const greedy = dials.temperature < 1e-5;  // as the server: tiny temperatures draw greedily
   let logits = Float64Array.from(raw);
   if (!greedy) {
     logits = topK(logits, dials.top_k); stages.push({ name: `top-k ${dials.top_k || "off"}`, logits });
