@@ -1,4 +1,5 @@
-"""Decode and prefill speed: nexttok vs HF transformers generate(), same weights, one run.
+"""Decode and prefill speed: nexttok vs HF transformers generate() (and llama.cpp through
+llama-cpp-python on a float32 GGUF of the same weights, when it is installed), one run.
 
     python bench/decode.py                      # GPT-2-124M-shaped model, random weights
     python bench/decode.py --model DIR_OR_NAME  # any checkpoint (e.g. smollm2-135m-instruct)
@@ -50,7 +51,7 @@ def main() -> None:
         cfg = BenchConfig(directory, new_tokens=args.new_tokens, prompt_tokens=args.prompt_tokens,
                           repeat=args.repeat, threads=args.threads, dtype=args.dtype)
         print(f"model: {args.model or 'GPT-2 124M shape, random weights'}; {args.threads} threads; {args.dtype}")
-        print(run(cfg, ["nexttok", "hf"]))
+        print(run(cfg, ["nexttok", "hf", "llama.cpp"]))
 
 
 if __name__ == "__main__":

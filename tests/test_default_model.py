@@ -104,3 +104,26 @@ def test_tensor_names_and_bad_files(tmp_path):
     assert not (tmp_path / "out").exists()
     with pytest.raises(FileNotFoundError, match="GGUF file not found"):
         convert_gguf(tmp_path / "missing.gguf", tmp_path / "out")
+
+
+@torch.inference_mode()
+def test_gguf_export_of_gpt2_round_trips(tmp_path, gpt2_dir):
+    """Our GPT-2 -> GGUF writer (for llama.cpp's benchmark column) read back by our GGUF reader's
+    tensor mapping gives the same weights."""
+    import numpy as np
+    from gguf import GGUFReader
+    from safetensors.numpy import load_file
+
+    from nexttok.convert import write_gguf_gpt2
+    from tiny_models import write_tiny_with_gpt2_tokenizer
+
+    write_tiny_with_gpt2_tokenizer("gpt2", tmp_path, gpt2_dir)
+    out = write_gguf_gpt2(tmp_path, tmp_path / "m.gguf")
+    reader = GGUFReader(str(out))
+    tensors = {t.name: np.array(t.data).reshape([int(d) for d in reversed(t.shape)]) for t in reader.tensors}
+    hf = load_file(str(tmp_path / "model.safetensors"))
+    np.testing.assert_array_equal(tensors["blk.1.attn_qkv.weight"], hf["transformer.h.1.attn.c_attn.weight"].T)
+    np.testing.assert_array_equal(tensors["output.weight"], hf["transformer.wte.weight"])
+    assert reader.fields["tokenizer.ggml.tokens"].contents()[464] == "The"
+    with pytest.raises(GGUFError, match="GPT-2 checkpoints only"):
+        write_gguf_gpt2(bundled_model_dir(DEFAULT_MODEL), tmp_path / "x.gguf")

@@ -135,6 +135,40 @@ def bench_hf(cfg: BenchConfig) -> dict:
     return {"decode_tps": _median(decode), "prefill_tps": _median(prefill), "ttft_ms": 1000 * _median(ttft)}
 
 
+def bench_llama_cpp(cfg: BenchConfig) -> dict:
+    """llama.cpp (llama-cpp-python) on a float32 GGUF of the same weights."""
+    from llama_cpp import Llama
+
+    n_ctx = cfg.prompt_tokens + cfg.new_tokens + 16
+    llm = Llama(model_path=cfg.extra["gguf"], n_ctx=n_ctx, n_batch=cfg.prompt_tokens, n_threads=cfg.threads,
+                n_threads_batch=cfg.threads, verbose=False)
+    vocab = llm.n_vocab()
+    short = _ids(cfg.decode_prompt_tokens, vocab)[0].tolist()
+    long = _ids(cfg.prompt_tokens, vocab, seed=1)[0].tolist()
+
+    def generate(ids, n) -> tuple[float, float]:
+        """(time to first token, decode tokens/s) for n greedy tokens."""
+        llm.reset()
+        start = time.perf_counter()
+        first = None
+        for count, _ in enumerate(llm.generate(ids, temp=0.0, top_k=1, reset=True), start=1):
+            first = first or time.perf_counter()
+            if count == n:
+                break
+        return first - start, (n - 1) / (time.perf_counter() - first) if n > 1 else 0.0
+
+    generate(short, 8)  # warm-up
+    decode = [generate(short, cfg.new_tokens)[1] for _ in range(cfg.repeat)]
+    ttft = [generate(long, 1)[0] for _ in range(cfg.repeat)]
+
+    def prefill() -> float:
+        llm.reset()
+        return _timed(lambda: llm.eval(long))
+
+    prefills = [cfg.prompt_tokens / prefill() for _ in range(cfg.repeat)]
+    return {"decode_tps": _median(decode), "prefill_tps": _median(prefills), "ttft_ms": 1000 * _median(ttft)}
+
+
 def _child(target, cfg, queue) -> None:
     try:
         result = target(cfg)
@@ -189,10 +223,32 @@ def report(results: dict[str, dict | str], bandwidth_gbs: float, cfg: BenchConfi
     return "\n".join(lines)
 
 
+def llama_cpp_column(cfg: BenchConfig, workdir: str) -> str | None:
+    """Prepare the llama.cpp column (a float32 GGUF of the same weights); None, or why it is skipped."""
+    import importlib.util
+
+    from nexttok.convert import GGUFError, write_gguf_gpt2
+
+    if importlib.util.find_spec("llama_cpp") is None:
+        return "llama-cpp-python is not installed (pip install llama-cpp-python builds llama.cpp from source)"
+    try:
+        cfg.extra["gguf"] = str(write_gguf_gpt2(cfg.directory, f"{workdir}/model-f32.gguf"))
+    except GGUFError as e:
+        return str(e)
+    return None
+
+
 def run(cfg: BenchConfig, engines: list[str]) -> str:
-    targets = {"nexttok": bench_nexttok, "hf": bench_hf}
+    """Each engine in its own process; "llama.cpp" joins when llama-cpp-python is installed."""
+    import tempfile
+
+    targets = {"nexttok": bench_nexttok, "hf": bench_hf, "llama.cpp": bench_llama_cpp}
     unknown = [e for e in engines if e not in targets]
     if unknown:
         raise ValueError(f"unknown engines {unknown}; choose from {', '.join(targets)}")
-    results = {name: run_isolated(targets[name], cfg) for name in engines}
-    return report(results, measure_read_bandwidth(), cfg)
+    with tempfile.TemporaryDirectory() as workdir:
+        results: dict[str, dict | str] = {}
+        for name in engines:
+            skipped = llama_cpp_column(cfg, workdir) if name == "llama.cpp" else None
+            results[name] = skipped if skipped else run_isolated(targets[name], cfg)
+        return report(results, measure_read_bandwidth(), cfg)

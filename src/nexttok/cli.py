@@ -269,6 +269,7 @@ def cmd_bench(args: argparse.Namespace, out: Console) -> int:
             Console(stderr=True).print("[dim]transformers is not installed: nexttok column only[/]")
         else:
             engines.append("hf")
+        engines.append("llama.cpp")  # reported as skipped, with the reason, when it cannot run
     cfg = BenchConfig(str(directory), new_tokens=args.new_tokens, prompt_tokens=args.prompt_tokens,
                       repeat=args.repeat, threads=args.threads, dtype=args.dtype)
     for name, value in (("--new-tokens", cfg.new_tokens), ("--prompt-tokens", cfg.prompt_tokens),
