@@ -8,15 +8,14 @@ from pathlib import Path
 from live_server import LiveServer
 from nexttok.bundled import tokenizer_dir
 from nexttok.server import ServerLimits, create_app, load_served
-from tiny_models import write_chat_template, write_tiny_with_gpt2_tokenizer
+from tiny_models import write_chat_model
 
 CHECKS = ("not_a_server_error", "status_code_conformance", "content_type_conformance",
           "response_schema_conformance")
 
 
 def fuzz_server(directory: Path) -> LiveServer:
-    write_tiny_with_gpt2_tokenizer("llama_long_context", directory, tokenizer_dir("gpt2"))
-    write_chat_template(directory)
+    write_chat_model(directory, tokenizer_dir("gpt2"))
     served = load_served(str(directory), "tiny")
     limits = ServerLimits(max_running=4, max_queue=256, request_timeout=30, max_model_len=64,
                           max_body_bytes=64 << 10)

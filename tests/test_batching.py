@@ -14,7 +14,7 @@ import pytest
 from live_server import LiveServer
 from nexttok.generate import Generation
 from nexttok.server import ServerLimits, create_app, load_served
-from tiny_models import write_chat_template, write_tiny_with_gpt2_tokenizer
+from tiny_models import write_chat_model
 
 MODEL = "tiny"
 NO_EOS = {"logit_bias": {"50256": -100}}  # long generations must not end early by sampling EOS
@@ -23,8 +23,7 @@ NO_EOS = {"logit_bias": {"50256": -100}}  # long generations must not end early 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory, gpt2_dir):
     directory = tmp_path_factory.mktemp("batching")
-    write_tiny_with_gpt2_tokenizer("llama_long_context", directory, gpt2_dir)
-    write_chat_template(directory)
+    write_chat_model(directory, gpt2_dir)
     return directory
 
 

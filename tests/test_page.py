@@ -9,7 +9,7 @@ import pytest
 
 from live_server import LiveServer
 from nexttok.server import create_app, load_served
-from tiny_models import write_chat_template, write_tiny_with_gpt2_tokenizer
+from tiny_models import write_chat_model
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
@@ -34,8 +34,7 @@ def browser():
 @pytest.fixture(scope="module")
 def live(tmp_path_factory, gpt2_dir):
     directory = tmp_path_factory.mktemp("page_model")
-    write_tiny_with_gpt2_tokenizer("llama_long_context", directory, gpt2_dir)
-    write_chat_template(directory)
+    write_chat_model(directory, gpt2_dir)
     served = load_served(str(directory), "tiny")
     with LiveServer(create_app([served])) as server:
         yield server, served

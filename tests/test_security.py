@@ -15,7 +15,7 @@ from live_server import LiveServer
 from nexttok import tokenizer as tokenizer_module
 from nexttok.sampling import History, SamplerChain, SamplingParams
 from nexttok.server import ServerLimits, create_app, load_served
-from tiny_models import write_chat_template, write_tiny_with_gpt2_tokenizer
+from tiny_models import write_chat_model
 
 MODEL = "tiny"
 
@@ -23,8 +23,7 @@ MODEL = "tiny"
 @pytest.fixture(scope="module")
 def live(tmp_path_factory, gpt2_dir):
     directory = tmp_path_factory.mktemp("security")
-    write_tiny_with_gpt2_tokenizer("llama_long_context", directory, gpt2_dir)
-    write_chat_template(directory)
+    write_chat_model(directory, gpt2_dir)
     limits = ServerLimits(max_body_bytes=8192, max_model_len=128)
     with LiveServer(create_app([load_served(str(directory), MODEL)], limits=limits)) as server:
         yield server

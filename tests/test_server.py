@@ -14,7 +14,7 @@ from live_server import LiveServer
 from nexttok.generate import generate
 from nexttok.sampling import SamplingParams
 from nexttok.server import create_app, load_served
-from tiny_models import write_chat_template, write_tiny_with_gpt2_tokenizer
+from tiny_models import write_chat_model
 
 MODEL = "tiny"
 KEY = "sk-test-key"
@@ -23,8 +23,7 @@ KEY = "sk-test-key"
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, gpt2_dir):
     directory = tmp_path_factory.mktemp("served")
-    write_tiny_with_gpt2_tokenizer("llama_long_context", directory, gpt2_dir)
-    write_chat_template(directory)
+    write_chat_model(directory, gpt2_dir)
     return load_served(str(directory), MODEL)
 
 

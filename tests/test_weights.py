@@ -87,27 +87,18 @@ def test_header_not_json(llama_dir):
         load_model(llama_dir)
 
 
-def test_missing_tensor_is_named(llama_dir):
-    _rewrite(llama_dir, lambda t: t.pop("model.layers.1.mlp.up_proj.weight"))
-    with pytest.raises(CheckpointError, match="tensor 'model.layers.1.mlp.up_proj.weight' is missing"):
-        load_model(llama_dir)
-
-
-def test_wrong_shape_is_named(llama_dir):
-    _rewrite(llama_dir, lambda t: t.update({"model.norm.weight": torch.ones(63)}))
-    with pytest.raises(CheckpointError, match="tensor 'model.norm.weight' has shape \\(63,\\), expected \\(64,\\)"):
-        load_model(llama_dir)
-
-
-def test_wrong_dtype_is_named(llama_dir):
-    _rewrite(llama_dir, lambda t: t.update({"model.norm.weight": torch.ones(64, dtype=torch.int32)}))
-    with pytest.raises(CheckpointError, match="tensor 'model.norm.weight' has dtype torch.int32"):
-        load_model(llama_dir)
-
-
-def test_unexpected_tensor_is_named(llama_dir):
-    _rewrite(llama_dir, lambda t: t.update({"model.layers.9.extra.weight": torch.ones(2)}))
-    with pytest.raises(CheckpointError, match="1 tensors this architecture does not use: model.layers.9.extra"):
+@pytest.mark.parametrize("change,message", [
+    (lambda t: t.pop("model.layers.1.mlp.up_proj.weight"), "tensor 'model.layers.1.mlp.up_proj.weight' is missing"),
+    (lambda t: t.update({"model.norm.weight": torch.ones(63)}),
+     "tensor 'model.norm.weight' has shape \\(63,\\), expected \\(64,\\)"),
+    (lambda t: t.update({"model.norm.weight": torch.ones(64, dtype=torch.int32)}),
+     "tensor 'model.norm.weight' has dtype torch.int32"),
+    (lambda t: t.update({"model.layers.9.extra.weight": torch.ones(2)}),
+     "1 tensors this architecture does not use: model.layers.9.extra"),
+], ids=["missing", "shape", "dtype", "unexpected"])
+def test_bad_tensor_is_named(llama_dir, change, message):
+    _rewrite(llama_dir, change)
+    with pytest.raises(CheckpointError, match=message):
         load_model(llama_dir)
 
 

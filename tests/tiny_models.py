@@ -68,3 +68,10 @@ def write_chat_template(directory: Path, template: str = CHATML) -> None:
 
     (directory / "tokenizer_config.json").write_text(
         json.dumps({"chat_template": template, "eos_token": "<|endoftext|>"}), encoding="utf-8")
+
+
+def write_chat_model(directory: Path, gpt2_dir: Path) -> Path:
+    """The servers' test model: tiny Llama, 4096-token context, GPT-2 vocab, a ChatML template."""
+    write_tiny_with_gpt2_tokenizer("llama_long_context", directory, gpt2_dir)
+    write_chat_template(directory)
+    return directory
