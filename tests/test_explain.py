@@ -82,5 +82,5 @@ def test_bad_requests(model, gpt2):
         session.step(GREEDY, 99)
     with pytest.raises(InvalidParameter, match="token_id must be in 0..127"):
         session.step(GREEDY, 0, 500)
-    with pytest.raises(InvalidParameter, match="the explainer holds 4"):
+    with pytest.raises(InvalidParameter, match="the context window is 4"):
         ExplainSession(model, gpt2, [1] * 10, max_len=4)

@@ -51,12 +51,9 @@ class ExplainSession:
     def __init__(self, model, tokenizer, prompt: str | list[int], *, max_len: int = 1024,
                  seed: int | None = None):
         self.model, self.tokenizer = model, tokenizer
-        self.prompt_ids = prompt_ids_for(model, tokenizer, prompt)
         config = model.config
         limit = min(max_len, config.max_position_embeddings)
-        if len(self.prompt_ids) >= limit:
-            raise InvalidParameter("prompt", f"prompt is {len(self.prompt_ids)} tokens; the explainer holds "
-                                   f"{limit}", "context_length_exceeded")
+        self.prompt_ids = prompt_ids_for(model, tokenizer, prompt, limit)
         parameter = next(model.parameters())
         self.cache = KVCache.for_model(config, max_len=limit, dtype=parameter.dtype, device=parameter.device)
         self.cached: list[int] = []  # the tokens whose keys/values the cache holds, in order

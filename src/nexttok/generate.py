@@ -95,9 +95,7 @@ class Generation:
         self.history: History | None = None
         self.stop_ids = set(config.eos_token_id if stop_token_ids is None else stop_token_ids)
         limit = min(config.max_position_embeddings, context_limit or config.max_position_embeddings)
-        if len(prompt_ids) >= limit:
-            raise InvalidParameter("prompt", f"prompt is {len(prompt_ids)} tokens; the context window is {limit} "
-                                   "(it must leave room for at least one new token)", "context_length_exceeded")
+        check_prompt_fits(len(prompt_ids), limit)
         self.max_len = min(limit, len(prompt_ids) + max_tokens) if max_tokens else limit
         self.detok, self.held = IncrementalDetokenizer(tokenizer, skip_special=True), StopStrings(stops)
         self.tokens: list[int] = []
@@ -197,8 +195,10 @@ def _check_generation_args(max_tokens, stop) -> list[str]:
     return stops
 
 
-def prompt_ids_for(model, tokenizer: Tokenizer, prompt: str | Sequence[int]) -> list[int]:
-    """Token ids of a prompt (text gets the tokenizer's BOS, as HF does), checked against the context."""
+def prompt_ids_for(model, tokenizer: Tokenizer, prompt: str | Sequence[int], context_limit: int | None = None
+                   ) -> list[int]:
+    """Token ids of a prompt (text gets the tokenizer's BOS, as HF does), checked against the context
+    (the model's, or context_limit when smaller)."""
     ids = tokenizer.encode(prompt, add_special=True) if isinstance(prompt, str) else list(prompt)
     if not ids and model.config.bos_token_id is not None:
         ids = [model.config.bos_token_id]
@@ -207,11 +207,15 @@ def prompt_ids_for(model, tokenizer: Tokenizer, prompt: str | Sequence[int]) -> 
     vocab = model.config.vocab_size
     if any(type(i) is not int or not 0 <= i < vocab for i in ids):
         raise InvalidParameter("prompt", f"prompt token ids must be integers in 0..{vocab - 1}")
-    context = model.config.max_position_embeddings
-    if len(ids) >= context:
-        raise InvalidParameter("prompt", f"prompt is {len(ids)} tokens; the context window is {context} "
-                               "(it must leave room for at least one new token)", "context_length_exceeded")
+    check_prompt_fits(len(ids), min(model.config.max_position_embeddings, context_limit or 1 << 62))
     return ids
+
+
+def check_prompt_fits(prompt_tokens: int, context: int) -> None:
+    """A prompt must leave room for at least one new token in the context window."""
+    if prompt_tokens >= context:
+        raise InvalidParameter("prompt", f"prompt is {prompt_tokens} tokens; the context window is {context} "
+                               "(it must leave room for at least one new token)", "context_length_exceeded")
 
 
 def stream(model, tokenizer: Tokenizer, prompt: str | Sequence[int],

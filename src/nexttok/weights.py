@@ -244,10 +244,9 @@ def pick_dtype(dtype: str | torch.dtype | None, device: torch.device, config: Mo
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype is None or dtype == "auto":
-        if device.type == "cpu":
+        if device.type == "cpu" or config.torch_dtype == "float32":
             return torch.float32
-        return DTYPES.get(config.torch_dtype or "", torch.bfloat16) if config.torch_dtype != "float32" \
-            else torch.float32
+        return DTYPES.get(config.torch_dtype or "", torch.bfloat16)
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)} or auto, got {dtype!r}")
     return DTYPES[dtype]

@@ -368,12 +368,7 @@ def _completion_prompts(served: ServedModel, prompt) -> list[list[int]]:
 
 
 def _prompt_ids(served: ServedModel, prompt) -> list[int]:
-    ids = prompt_ids_for(served.model, served.tokenizer, prompt)
-    if len(ids) >= served.context_length:
-        raise InvalidParameter("prompt", f"prompt is {len(ids)} tokens; the context window is "
-                               f"{served.context_length} (it must leave room for at least one new token)",
-                               "context_length_exceeded")
-    return ids
+    return prompt_ids_for(served.model, served.tokenizer, prompt, served.context_length)
 
 
 def _top_n(value: int | None, param: str) -> int:
