@@ -297,17 +297,17 @@ def _install_routes(app: FastAPI) -> None:
         return {"object": "list", "data": [responses.model_card(m) for m in app.state.models.values()]}
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request):
+    async def completions(body: CompletionRequest):
         served = _served(app, body.model)
         prompts = _completion_prompts(served, body.prompt)
         top_n = _top_n(body.logprobs, "logprobs")
         plan = _plan(served, body, body.max_tokens if body.max_tokens is not None else 16)
         jobs = [(p, i * body.n + k) for i, p in enumerate(prompts) for k in range(body.n)]
-        return await _respond(app, served, body, jobs, plan, top_n, responses.CompletionFormat(
+        return await _respond(served, body, jobs, plan, top_n, responses.CompletionFormat(
             served.name, served.tokenizer, logprobs=body.logprobs is not None))
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatRequest, request: Request):
+    async def chat_completions(body: ChatRequest):
         served = _served(app, body.model)
         if served.chat_template is None:
             raise APIError(400, f"model {served.name!r} has no chat template; use /v1/completions",
@@ -320,7 +320,7 @@ def _install_routes(app: FastAPI) -> None:
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         plan = _plan(served, body, max_tokens)
         jobs = [(ids, k) for k in range(body.n)]
-        return await _respond(app, served, body, jobs, plan, top_n, responses.ChatFormat(
+        return await _respond(served, body, jobs, plan, top_n, responses.ChatFormat(
             served.name, served.tokenizer, logprobs=body.logprobs, top_logprobs=body.top_logprobs or 0))
 
     @app.post("/tokenize")
@@ -413,7 +413,7 @@ def _params_for_choice(params: SamplingParams, index: int) -> SamplingParams:
     return SamplingParams(**{**vars(params), "seed": (params.seed + index) % 2**63})
 
 
-async def _respond(app, served, body, jobs, plan, top_n, fmt):
+async def _respond(served, body, jobs, plan, top_n, fmt):
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     if body.stream_options is not None and not body.stream:
         raise InvalidParameter("stream_options", "stream_options is only allowed when stream is true")

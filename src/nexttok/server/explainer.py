@@ -22,6 +22,7 @@ from pydantic import Field
 
 from nexttok.explain import ExplainSession
 from nexttok.sampling import SamplingParams
+from nexttok.server.app import APIError
 from nexttok.server.schemas import Strict
 
 STATIC = Path(__file__).parent / "static"
@@ -103,8 +104,6 @@ def install_explainer(app: FastAPI, served_for) -> None:
 
 def _session(sessions, key: str):
     if key not in sessions:
-        from nexttok.server.app import APIError
-
         raise APIError(404, f"no explainer session {key!r} (it may have expired)", param="session",
                        code="session_not_found")
     sessions.move_to_end(key)
