@@ -281,6 +281,42 @@ def cmd_bench(args: argparse.Namespace, out: Console) -> int:
     return 0
 
 
+def _add_serve_parser(sub) -> None:
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    serve.add_argument("models", nargs="*", metavar="MODEL",
+                       help=f"models to serve (default: the bundled {DEFAULT_MODEL})")
+    serve.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", default=None,
+                       help="require 'Authorization: Bearer KEY' (also $NEXTTOK_API_KEY)")
+    serve.add_argument("--served-model-name", action="append", help="name clients use (one per model)")
+    serve.add_argument("--dtype", default=None)
+    serve.add_argument("--device", default=None)
+    serve.add_argument("--max-running", type=int, default=8, help="requests decoded together (default 8)")
+    serve.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429 (default 64)")
+    serve.add_argument("--request-timeout", type=float, default=600.0, help="seconds; 0 = none (default 600)")
+    serve.add_argument("--max-body-bytes", type=int, default=4 << 20, help="larger request bodies get 413")
+    serve.add_argument("--no-batch-invariance", action="store_true",
+                       help="faster with few requests, but a request's tokens may then depend (in rare near-ties) "
+                       "on what else runs in its batch")
+    serve.add_argument("--max-model-len", type=int, default=4096,
+                       help="prompt + completion tokens per request; 0 = the model's context (default 4096)")
+    serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    serve.set_defaults(func=cmd_serve)
+
+
+def _add_bench_parser(sub) -> None:
+    bench = sub.add_parser("bench", help="decode/prefill speed, side by side with HF transformers")
+    bench.add_argument("model", nargs="?", default=None, help=f"checkpoint (default: {DEFAULT_MODEL})")
+    bench.add_argument("--new-tokens", type=int, default=128)
+    bench.add_argument("--prompt-tokens", type=int, default=512)
+    bench.add_argument("--repeat", type=int, default=3)
+    bench.add_argument("--threads", type=int, default=2)
+    bench.add_argument("--dtype", default="float32")
+    bench.add_argument("--no-compare", action="store_true", help="nexttok only")
+    bench.set_defaults(func=cmd_bench)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nexttok", description="See how a language model makes text.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -307,37 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--top", type=int, default=10, help="rows per table (default %(default)s)")
     explain.set_defaults(func=cmd_explain)
 
-    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
-    serve.add_argument("models", nargs="*", metavar="MODEL",
-                       help=f"models to serve (default: the bundled {DEFAULT_MODEL})")
-    serve.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--api-key", default=None,
-                       help="require 'Authorization: Bearer KEY' (also $NEXTTOK_API_KEY)")
-    serve.add_argument("--served-model-name", action="append", help="name clients use (one per model)")
-    serve.add_argument("--dtype", default=None)
-    serve.add_argument("--device", default=None)
-    serve.add_argument("--max-running", type=int, default=8, help="requests decoded together (default 8)")
-    serve.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429 (default 64)")
-    serve.add_argument("--request-timeout", type=float, default=600.0, help="seconds; 0 = none (default 600)")
-    serve.add_argument("--max-body-bytes", type=int, default=4 << 20, help="larger request bodies get 413")
-    serve.add_argument("--no-batch-invariance", action="store_true",
-                       help="faster with few requests, but a request's tokens may then depend (in rare near-ties) "
-                       "on what else runs in its batch")
-    serve.add_argument("--max-model-len", type=int, default=4096,
-                       help="prompt + completion tokens per request; 0 = the model's context (default 4096)")
-    serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
-    serve.set_defaults(func=cmd_serve)
-
-    bench = sub.add_parser("bench", help="decode/prefill speed, side by side with HF transformers")
-    bench.add_argument("model", nargs="?", default=None, help=f"checkpoint (default: {DEFAULT_MODEL})")
-    bench.add_argument("--new-tokens", type=int, default=128)
-    bench.add_argument("--prompt-tokens", type=int, default=512)
-    bench.add_argument("--repeat", type=int, default=3)
-    bench.add_argument("--threads", type=int, default=2)
-    bench.add_argument("--dtype", default="float32")
-    bench.add_argument("--no-compare", action="store_true", help="nexttok only")
-    bench.set_defaults(func=cmd_bench)
+    _add_serve_parser(sub)
+    _add_bench_parser(sub)
 
     models = sub.add_parser("models", help="list the models and tokenizers available locally")
     models.set_defaults(func=cmd_models)

@@ -107,6 +107,7 @@ def create_app(models: list[ServedModel], *, api_key: str | None = None,
     _install_auth(app, api_key)
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
     _install_routes(app)
+    _install_generation_routes(app)
     from nexttok.server.explainer import install_explainer
 
     install_explainer(app, lambda name: _served(app, name))
@@ -296,6 +297,31 @@ def _install_routes(app: FastAPI) -> None:
     async def list_models():
         return {"object": "list", "data": [responses.model_card(m) for m in app.state.models.values()]}
 
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        served = _served(app, body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise InvalidParameter("prompt", "give exactly one of prompt or messages")
+        if body.messages is not None:
+            if served.chat_template is None:
+                raise APIError(400, f"model {served.name!r} has no chat template", param="messages")
+            text = served.chat_template.render(body.messages, add_generation_prompt=body.add_generation_prompt)
+            ids = served.tokenizer.encode(text)
+        else:
+            ids = served.tokenizer.encode(body.prompt, add_special=body.add_special_tokens)
+        return {"count": len(ids), "max_model_len": served.context_length, "tokens": ids,
+                "token_strs": [p.text for p in served.tokenizer.pieces(ids)]}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        served = _served(app, body.model)
+        try:
+            return {"prompt": served.tokenizer.decode(body.tokens)}
+        except ValueError as e:
+            raise InvalidParameter("tokens", str(e)) from None
+
+
+def _install_generation_routes(app: FastAPI) -> None:
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest):
         served = _served(app, body.model)
@@ -322,29 +348,6 @@ def _install_routes(app: FastAPI) -> None:
         jobs = [(ids, k) for k in range(body.n)]
         return await _respond(served, body, jobs, plan, top_n, responses.ChatFormat(
             served.name, served.tokenizer, logprobs=body.logprobs, top_logprobs=body.top_logprobs or 0))
-
-    @app.post("/tokenize")
-    async def tokenize(body: TokenizeRequest):
-        served = _served(app, body.model)
-        if (body.prompt is None) == (body.messages is None):
-            raise InvalidParameter("prompt", "give exactly one of prompt or messages")
-        if body.messages is not None:
-            if served.chat_template is None:
-                raise APIError(400, f"model {served.name!r} has no chat template", param="messages")
-            text = served.chat_template.render(body.messages, add_generation_prompt=body.add_generation_prompt)
-            ids = served.tokenizer.encode(text)
-        else:
-            ids = served.tokenizer.encode(body.prompt, add_special=body.add_special_tokens)
-        return {"count": len(ids), "max_model_len": served.context_length, "tokens": ids,
-                "token_strs": [p.text for p in served.tokenizer.pieces(ids)]}
-
-    @app.post("/detokenize")
-    async def detokenize(body: DetokenizeRequest):
-        served = _served(app, body.model)
-        try:
-            return {"prompt": served.tokenizer.decode(body.tokens)}
-        except ValueError as e:
-            raise InvalidParameter("tokens", str(e)) from None
 
 
 def _served(app: FastAPI, name: str | None) -> ServedModel:
