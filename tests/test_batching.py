@@ -198,3 +198,45 @@ def test_bad_limits():
         ServerLimits(max_running=0)
     with pytest.raises(ValueError, match="request_timeout must be > 0"):
         ServerLimits(request_timeout=-1)
+
+
+def test_nexttok_serve_runs_and_exits_cleanly_on_sigint(model_dir):
+    """The real command: scheduler in the main thread, uvicorn in another; Ctrl-C ends a stream
+    that is still open with an error event and [DONE], and the process exits 0."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    process = subprocess.Popen([sys.executable, "-m", "nexttok", "serve", str(model_dir), "--port", str(port),
+                                "--served-model-name", MODEL, "--log-level", "warning"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()
+            time.sleep(0.2)
+        assert _complete(url, prompt="hi", max_tokens=4).json()["usage"]["completion_tokens"] == 4
+        events: list = []
+        reader = threading.Thread(target=lambda: events.extend(
+            _stream_events(url, {"prompt": "Forever", "max_tokens": 3000, "temperature": 1.0, **NO_EOS})))
+        reader.start()
+        while _metrics(url)["nexttok_running"] < 1:
+            time.sleep(0.05)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0
+        reader.join(timeout=30)
+        assert events[-1] == "[DONE]" and "shutting down" in events[-2]["error"]["message"]
+    finally:
+        if process.poll() is None:
+            process.kill()
