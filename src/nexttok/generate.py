@@ -60,11 +60,6 @@ class Completion:
     elapsed: float
     steps: list[Step] = field(default_factory=list)
 
-    @property
-    def decode_tokens_per_second(self) -> float:
-        decode = [s.elapsed for s in self.steps if not s.prefill]
-        return len(decode) / sum(decode) if decode and sum(decode) > 0 else 0.0
-
 
 @dataclass
 class RawStep:
