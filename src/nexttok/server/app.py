@@ -28,9 +28,6 @@ from nexttok.server.engine import ServedModel
 from nexttok.server.metrics import Metrics
 from nexttok.server.scheduler import GenerationFailed, QueueFull, RequestTimeout, Scheduler, ShuttingDown
 from nexttok.server.schemas import (
-    MAX_N,
-    MAX_STOP,
-    MAX_TOP_LOGPROBS,
     ChatRequest,
     CompletionRequest,
     DetokenizeRequest,
@@ -196,7 +193,7 @@ class BodyLimit:
 
 
 def _too_large(limit: int) -> JSONResponse:
-    return error_response(413, f"request body is larger than {limit} bytes", code="body_too_large")
+    return error_response(413, BodyTooLarge(limit).detail, code="body_too_large")
 
 
 # -- errors and auth ----------------------------------------------------------------------------
@@ -326,7 +323,7 @@ def _install_generation_routes(app: FastAPI) -> None:
     async def completions(body: CompletionRequest):
         served = _served(app, body.model)
         prompts = _completion_prompts(served, body.prompt)
-        top_n = _top_n(body.logprobs, "logprobs")
+        top_n = body.logprobs or 0
         plan = _plan(served, body, body.max_tokens if body.max_tokens is not None else 16)
         jobs = [(p, i * body.n + k) for i, p in enumerate(prompts) for k in range(body.n)]
         return await _respond(served, body, jobs, plan, top_n, responses.CompletionFormat(
@@ -342,7 +339,7 @@ def _install_generation_routes(app: FastAPI) -> None:
             raise InvalidParameter("top_logprobs", "top_logprobs requires logprobs to be true")
         text = served.chat_template.render(body.messages)
         ids = _prompt_ids(served, served.tokenizer.encode(text))
-        top_n = _top_n(body.top_logprobs if body.logprobs else None, "top_logprobs")
+        top_n = (body.top_logprobs or 0) if body.logprobs else 0
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         plan = _plan(served, body, max_tokens)
         jobs = [(ids, k) for k in range(body.n)]
@@ -361,12 +358,9 @@ def _served(app: FastAPI, name: str | None) -> ServedModel:
 
 
 def _completion_prompts(served: ServedModel, prompt) -> list[list[int]]:
-    if isinstance(prompt, str) or (prompt and all(isinstance(p, int) for p in prompt)):
+    """Token ids of each prompt (the schema bounds their number and rejects empty lists)."""
+    if isinstance(prompt, str) or all(isinstance(p, int) for p in prompt):
         prompt = [prompt]
-    if not prompt:
-        raise InvalidParameter("prompt", "prompt must not be empty")
-    if len(prompt) > MAX_N:
-        raise InvalidParameter("prompt", f"at most {MAX_N} prompts per request, got {len(prompt)}")
     return [_prompt_ids(served, p) for p in prompt]
 
 
@@ -374,28 +368,11 @@ def _prompt_ids(served: ServedModel, prompt) -> list[int]:
     return prompt_ids_for(served.model, served.tokenizer, prompt, served.context_length)
 
 
-def _top_n(value: int | None, param: str) -> int:
-    if value is None:
-        return 0
-    if not 0 <= value <= MAX_TOP_LOGPROBS:
-        raise InvalidParameter(param, f"{param} must be in [0, {MAX_TOP_LOGPROBS}], got {value}")
-    return value
-
-
 def _plan(served: ServedModel, body: SamplingFields, max_tokens: int | None) -> dict:
-    """Checked generation settings shared by every choice of the request."""
-    if not 1 <= body.n <= MAX_N:
-        raise InvalidParameter("n", f"n must be in [1, {MAX_N}], got {body.n}")
-    if max_tokens is not None and max_tokens < 1:
-        raise InvalidParameter("max_tokens", f"max_tokens must be >= 1, got {max_tokens}")
+    """Generation settings shared by every choice of the request. Ranges, counts and the form of
+    logit_bias keys were checked by the request schema; what needs the model is checked here."""
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    if len(stop) > MAX_STOP:
-        raise InvalidParameter("stop", f"at most {MAX_STOP} stop sequences, got {len(stop)}")
-    bias = {}
-    for key, value in (body.logit_bias or {}).items():
-        if not key.isdigit():
-            raise InvalidParameter("logit_bias", f"logit_bias keys must be token ids, got {key!r}")
-        bias[int(key)] = value
+    bias = {int(key): value for key, value in (body.logit_bias or {}).items()}
     top_k = body.top_k if body.top_k not in (None, -1) else 0
     params = SamplingParams(
         temperature=1.0 if body.temperature is None else body.temperature,
@@ -436,9 +413,7 @@ async def _respond(served, body, jobs, plan, top_n, fmt):
 async def _complete(runs, first: Step, fmt) -> dict:
     """All choices at once; they were submitted together, so they decode in one batch."""
     async def collect(n: int, steps) -> list[Step]:
-        if n > 0:
-            return [s async for s in steps]
-        return [first] if first.finish_reason else [first] + [s async for s in steps]
+        return [s async for s in _chain([first] if n == 0 else [], steps)]
 
     collected = await asyncio.gather(*(collect(n, steps) for n, (_, _, steps) in enumerate(runs)))
     usage = responses.Usage()

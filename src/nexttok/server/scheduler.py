@@ -207,11 +207,9 @@ class Scheduler:
         try:
             with torch.inference_mode():
                 view = self.cache.running_view(self.pad_to)
-                rows = [*jobs, *jobs[:1] * (view.n - len(jobs))]  # scratch rows get copies
-                ids = torch.tensor([[j.generation.tokens[-1]] for j in rows], device=self.device)
-                lengths = self.cache.lengths[: len(jobs)]
-                positions = torch.tensor([[length] for length in [*lengths, *lengths[:1] * (view.n - len(jobs))]],
-                                         device=self.device)
+                rows = [*range(len(jobs)), *[0] * (view.n - len(jobs))]  # scratch rows copy slot 0
+                ids = torch.tensor([[jobs[r].generation.tokens[-1]] for r in rows], device=self.device)
+                positions = torch.tensor([[self.cache.lengths[r]] for r in rows], device=self.device)
                 logits = self.model(ids, view, positions, last_only=True)[:, -1]
                 view.release_scratch()
         except Exception as e:  # the batch failed: every request in it gets the error
