@@ -92,3 +92,25 @@ def bundled_model_file(name: str) -> Path:
 def bundled_model_dir(name: str, on_convert: Callable[[Path], None] | None = None) -> Path:
     """Checkpoint directory of a bundled model (converted from its GGUF on first use)."""
     return gguf_checkpoint(bundled_model_file(name), name, on_convert)
+
+
+def looks_like_path(name: str) -> bool:
+    """A name meant as a local path rather than a hub id: looks_like_path("./m") is True."""
+    return name.startswith(("/", "./", "../", "~")) or "\\" in name
+
+
+def local_checkpoint(source: str | Path, *, missing: str = "file or directory",
+                     on_convert: Callable[[Path], None] | None = None) -> Path | None:
+    """The checkpoint directory a source names without the hub: a directory; a .gguf file
+    (converted once); a bundled model name or "default". None for anything else (a hub id, or a
+    file that is not a GGUF); FileNotFoundError("no such {missing}") for a path that does not exist."""
+    path, name = Path(source), str(source)
+    if path.is_dir():
+        return path
+    if path.is_file():
+        return gguf_checkpoint(path, path.stem, on_convert) if path.suffix == ".gguf" else None
+    if name in BUNDLED_MODELS or name == "default":
+        return bundled_model_dir(DEFAULT_MODEL if name == "default" else name, on_convert)
+    if looks_like_path(name):
+        raise FileNotFoundError(f"no such {missing}: {name}")
+    return None

@@ -631,26 +631,18 @@ def from_directory(directory: str | Path) -> Tokenizer:
 def load_tokenizer(source: str | Path) -> Tokenizer:
     """A tokenizer from a file, a model directory, a bundled name (`gpt2`, the default model's
     name or `default`), or a hub id."""
-    path = Path(source)
-    if path.is_file() and path.suffix == ".gguf":
-        from nexttok.bundled import gguf_checkpoint
-
-        return from_directory(gguf_checkpoint(path, path.stem))
-    if path.is_file():
-        return from_tokenizer_json(path)
-    if path.is_dir():
-        return from_directory(path)
-    name = str(source)
-    if name.startswith(("/", "./", "../", "~")) or "\\" in name:
-        raise FileNotFoundError(f"no such file or directory: {name}")
     from nexttok import bundled
 
-    if name in bundled.BUNDLED_TOKENIZERS:
+    path, name = Path(source), str(source)
+    if path.is_file() and path.suffix != ".gguf":
+        return from_tokenizer_json(path)
+    if name in bundled.BUNDLED_TOKENIZERS and not path.exists():
         directory = bundled.tokenizer_dir(name)
         if directory is not None and directory.is_dir():
             return from_directory(directory)
-    if name in bundled.BUNDLED_MODELS or name == "default":
-        return from_directory(bundled.bundled_model_dir(bundled.DEFAULT_MODEL if name == "default" else name))
+    directory = bundled.local_checkpoint(source)
+    if directory is not None:
+        return from_directory(directory)
     from nexttok.weights import TOKENIZER_FILES, hub_snapshot
 
     return from_directory(hub_snapshot(name, TOKENIZER_FILES))

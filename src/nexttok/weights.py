@@ -70,20 +70,13 @@ def resolve_checkpoint(source: str | Path, on_convert=None) -> Path:
     on_convert(target) is called before a GGUF conversion starts (it takes a few seconds)."""
     from nexttok import bundled
 
-    path = Path(source)
-    if path.is_dir():
-        return path
-    if path.is_file() and path.suffix == ".gguf":
-        return bundled.gguf_checkpoint(path, path.stem, on_convert)
-    if str(source) in bundled.BUNDLED_MODELS or str(source) == "default":
-        name = bundled.DEFAULT_MODEL if str(source) == "default" else str(source)
-        return bundled.bundled_model_dir(name, on_convert)
-    if path.exists():
+    directory = bundled.local_checkpoint(source, missing="checkpoint directory", on_convert=on_convert)
+    if directory is not None:
+        return directory
+    if Path(source).exists():
         raise CheckpointError(
-            f"{path} is a file; give the checkpoint directory (config.json + *.safetensors)"
+            f"{source} is a file; give the checkpoint directory (config.json + *.safetensors)"
         )
-    if str(source).startswith(("/", "./", "../", "~")):
-        raise FileNotFoundError(f"no such checkpoint directory: {source}")
     return hub_snapshot(str(source), CHECKPOINT_FILES)
 
 
