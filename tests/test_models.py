@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from nexttok.cache import ContextFull, KVCache
-from nexttok.weights import load_model
+from nexttok.loading import load_model
+from nexttok.models.attention import AttentionCapture
 from tiny_models import SPECS, VOCAB, write_tiny
 
 ATOL = 1e-4
@@ -101,8 +102,9 @@ def test_attention_capture_matches_hf(pair, tmp_path):
     name, hf, ours = pair
     ids = _ids(10, seed=5)
     expected = hf(ids, output_attentions=True).attentions  # per layer (B, H, T, S), eager
-    captured: list = []
-    logits = ours(ids, attention_out=captured)
+    capture = AttentionCapture()
+    logits = ours(ids, capture=capture)
+    captured = capture.last_query
     torch.testing.assert_close(logits, hf(ids).logits, atol=ATOL, rtol=0)
     assert len(captured) == ours.config.num_hidden_layers
     for mine, ref in zip(captured, expected, strict=True):
@@ -118,8 +120,9 @@ def test_sliding_window_is_applied(tmp_path):
     ids = _ids(20, seed=6)
     torch.testing.assert_close(ours(ids), hf(ids).logits, atol=ATOL, rtol=0)
     window = ours.config.sliding_window
-    captured: list = []
-    ours(ids, attention_out=captured)
+    capture = AttentionCapture()
+    ours(ids, capture=capture)
+    captured = capture.last_query
     assert (captured[0][..., : 20 - window] == 0).all()  # keys before the window get no weight
     assert (captured[0][..., 20 - window :] > 0).all()
 

@@ -7,11 +7,30 @@ are kept too (-1 = empty or padding), which is what the attention mask is built 
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 
 class ContextFull(ValueError):
     """More tokens than the cache (the context window) holds."""
+
+
+class Cache(Protocol):
+    """What a model's forward pass needs of a KV cache.
+
+    A call reserves slots for its tokens (append_positions, which returns the positions of every
+    key the call's queries may see), then each layer stores its keys/values and gets back all of
+    them (update_and_fetch)."""
+
+    offset: int  # slots in use: where the next tokens go when the caller gives no positions
+    contiguous: bool  # every row holds positions 0..offset-1 in order (no padding, no holes)
+    spans: list[tuple[int, int]] | None  # rows with keys of their own lengths: row r sees keys [a, b)
+
+    def append_positions(self, positions: torch.Tensor, contiguous: bool = False) -> torch.Tensor: ...
+
+    def update_and_fetch(self, layer: int, k: torch.Tensor, v: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 class KVCache:
@@ -27,6 +46,7 @@ class KVCache:
         self.offset = 0  # slots in use
         self._start = 0  # first slot of the tokens of the current forward call
         self.contiguous = True  # slots hold positions 0..offset-1 in order (no padding, no holes)
+        self.spans = None  # every row sees all cached keys (masked by position)
 
     @classmethod
     def for_model(cls, config, batch: int = 1, max_len: int | None = None, dtype=torch.float32,
@@ -151,6 +171,7 @@ class _RowView:
     """KVCache-like view of one slot (batch of 1), continuing from its current length."""
 
     contiguous = True  # a row is filled by its own prefill from position 0
+    spans = None
 
     def __init__(self, owner: SlotCache, slot: int):
         self.owner, self.slot = owner, slot
@@ -187,11 +208,16 @@ class _BatchView:
     def __init__(self, owner: SlotCache, pad_to: int = 1):
         self.owner = owner
         self.n = max(owner.running, pad_to)
-        self.spans: list[tuple[int, int]] | None = None
+        self.spans: list[tuple[int, int]] | None = None  # set by append_positions
         device = owner.store.pos.device
         self.rows = torch.arange(self.n, device=device)
         self.ends = torch.tensor(owner.lengths[: self.n], device=device)  # where each new token goes
         self.width = max(owner.lengths[: self.n]) + 1
+
+    @property
+    def offset(self) -> int:
+        """Rows have lengths of their own, so a batch step always gives its positions."""
+        raise ValueError("a batch step over slots of different lengths needs explicit positions")
 
     def append_positions(self, positions: torch.Tensor, contiguous: bool = False) -> torch.Tensor:
         if positions.shape != (self.n, 1):

@@ -8,10 +8,12 @@ cache all come out of one rule: query at position p sees key at position j when 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+
+from nexttok.cache import Cache
 
 # Masks the fast attention kernels express without a tensor, for contiguous positions 0..S-1:
 ALL = "all"  # one new token after the cache: it sees every key
@@ -25,6 +27,22 @@ class Ragged:
     (a batch wider than the row would change the kernel's summation order in the last bits)."""
 
     spans: tuple[tuple[int, int], ...]
+
+
+@dataclass
+class AttentionCapture:
+    """What a forward pass records for a viewer when one is passed in (capture=...): per layer,
+    the attention weights of the last query over every key (B, n_head, S). Computed apart from the
+    fast kernels, so a pass without a capture pays nothing."""
+
+    last_query: list[torch.Tensor] = field(default_factory=list)
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | str) -> None:
+        """Record softmax(q·k/√d) of the last query. q (B, n_head, T, hd), k (B, n_head, S, hd)."""
+        scores = (q[:, :, -1:] @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5  # (B, n_head, 1, S)
+        if not isinstance(mask, str):  # with ALL and CAUSAL the last query sees every key
+            scores = scores.masked_fill(~mask[:, :, -1:], float("-inf"))
+        self.last_query.append(torch.softmax(scores.float(), dim=-1)[:, :, 0])  # (B, n_head, S)
 
 
 def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None = None) -> torch.Tensor:
@@ -44,33 +62,28 @@ def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None 
 
 
 def attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | str,
-    attention_out: list | None = None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | str | Ragged,
+    capture: AttentionCapture | None = None,
 ) -> torch.Tensor:
     """Scaled dot-product attention with grouped-query heads.
 
     q (B, n_head, T, head_dim); k, v (B, n_kv_head, S, head_dim); returns (B, n_head, T, head_dim).
     mask: a boolean tensor (B, 1, T, S), or ALL / CAUSAL (no tensor: the fast kernels' own cases).
-    When attention_out is a list, the weights of the last query over all keys (B, n_head, S) are
-    appended to it, computed apart from the fast kernel, so there is no cost when it is None.
+    capture, when given, records the weights of the last query over all keys.
     """
     n_rep = q.shape[1] // k.shape[1]
     if isinstance(mask, Ragged):
         out = torch.cat([F.scaled_dot_product_attention(q[r : r + 1], k[r : r + 1, :, a:b], v[r : r + 1, :, a:b],
                                                         enable_gqa=n_rep > 1)
                          for r, (a, b) in enumerate(mask.spans)])
-        if attention_out is not None:
+        if capture is not None:
             mask = _span_mask(mask, k.shape[2], q.device)
     elif isinstance(mask, str):
         out = F.scaled_dot_product_attention(q, k, v, is_causal=mask == CAUSAL, enable_gqa=n_rep > 1)
     else:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=n_rep > 1)
-    if attention_out is not None:
-        k_full = k.repeat_interleave(n_rep, dim=1) if n_rep > 1 else k  # (B, n_head, S, head_dim)
-        scores = (q[:, :, -1:] @ k_full.transpose(-1, -2)) / q.shape[-1] ** 0.5  # (B, n_head, 1, S)
-        if not isinstance(mask, str):  # with ALL and CAUSAL the last query sees every key
-            scores = scores.masked_fill(~mask[:, :, -1:], float("-inf"))
-        attention_out.append(torch.softmax(scores.float(), dim=-1)[:, :, 0])  # (B, n_head, S)
+    if capture is not None:
+        capture.attention(q, k.repeat_interleave(n_rep, dim=1) if n_rep > 1 else k, mask)  # (B, n_head, S, hd)
     return out
 
 
@@ -82,7 +95,8 @@ def _span_mask(ragged: Ragged, width: int, device) -> torch.Tensor:
     return ((keys >= starts) & (keys < ends))[:, None, None]
 
 
-def positions_for(ids: torch.Tensor, cache, positions: torch.Tensor | None, limit: int) -> torch.Tensor:
+def positions_for(ids: torch.Tensor, cache: Cache | None, positions: torch.Tensor | None,
+                  limit: int) -> torch.Tensor:
     """Positions (B, T) of this call's tokens: given, or continuing after what the cache holds.
 
     positions_for(ids of shape (1, 3), cache holding 5 slots, None, 1024) -> [[5, 6, 7]]
@@ -121,7 +135,7 @@ def masks_for(q_pos: torch.Tensor, k_pos: torch.Tensor, windows: set[int | None]
     return masks
 
 
-def keys_for(q_pos: torch.Tensor, cache, explicit: bool) -> tuple[torch.Tensor, bool]:
+def keys_for(q_pos: torch.Tensor, cache: Cache | None, explicit: bool) -> tuple[torch.Tensor, bool]:
     """Positions of every key (B, S) after this call, and whether they are contiguous from 0."""
     if cache is None:
         return q_pos, not explicit

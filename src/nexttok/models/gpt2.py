@@ -13,8 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nexttok.cache import Cache
 from nexttok.config import ModelConfig
-from nexttok.models.attention import attend, keys_for, masks_for, positions_for
+from nexttok.models.attention import AttentionCapture, attend, keys_for, masks_for, positions_for
 
 ACTIVATIONS = {
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
@@ -34,7 +35,7 @@ class Attention(nn.Module):
         self.c_attn = nn.Linear(hidden, 3 * hidden)
         self.c_proj = nn.Linear(hidden, hidden)
 
-    def forward(self, x, masks, cache, attention_out):
+    def forward(self, x, masks, cache, capture):
         b, t, hidden = x.shape
         q, k, v = self.c_attn(x).split(hidden, dim=2)  # each (B, T, hidden)
         q = q.view(b, t, self.n_head, self.head_dim).transpose(1, 2)  # (B, n_head, T, hd)
@@ -42,7 +43,7 @@ class Attention(nn.Module):
         v = v.view(b, t, self.n_head, self.head_dim).transpose(1, 2)
         if cache is not None:
             k, v = cache.update_and_fetch(self.layer_idx, k, v)  # (B, n_head, S, hd)
-        y = attend(q, k, v, masks[None], attention_out)  # (B, n_head, T, hd)
+        y = attend(q, k, v, masks[None], capture)  # (B, n_head, T, hd)
         return self.c_proj(y.transpose(1, 2).reshape(b, t, hidden))
 
 
@@ -65,8 +66,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, masks, cache, attention_out):
-        x = x + self.attn(self.ln_1(x), masks, cache, attention_out)
+    def forward(self, x, masks, cache, capture):
+        x = x + self.attn(self.ln_1(x), masks, cache, capture)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -93,16 +94,17 @@ class GPT2(nn.Module):
     def init_buffers(self) -> None:
         """GPT-2 has no computed buffers."""
 
-    def forward(self, ids: torch.Tensor, cache=None, positions: torch.Tensor | None = None,
-                attention_out: list | None = None, last_only: bool = False) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, cache: Cache | None = None, positions: torch.Tensor | None = None,
+                *, capture: AttentionCapture | None = None, last_only: bool = False) -> torch.Tensor:
         """ids (B, T) -> logits (B, T, vocab). positions (B, T), -1 = padding; default: next ones.
-        last_only: logits of the last position only (B, 1, vocab), all a generation step needs."""
+        last_only: logits of the last position only (B, 1, vocab), all a generation step needs.
+        capture: records what a viewer asks for (attention weights) on the way."""
         q_pos = positions_for(ids, cache, positions, self.config.max_position_embeddings)
         k_pos, contiguous = keys_for(q_pos, cache, explicit=positions is not None)  # (B, S)
-        masks = masks_for(q_pos, k_pos, {None}, contiguous, getattr(cache, "spans", None))
+        masks = masks_for(q_pos, k_pos, {None}, contiguous, cache.spans if cache is not None else None)
         x = self.wte(ids) + self.wpe(q_pos.clamp(min=0))  # (B, T, hidden)
         for block in self.h:
-            x = block(x, masks, cache, attention_out)
+            x = block(x, masks, cache, capture)
         if last_only:
             x = x[:, -1:]
         return self.lm_head(self.ln_f(x))

@@ -15,8 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nexttok.cache import Cache
 from nexttok.config import ModelConfig
-from nexttok.models.attention import attend, keys_for, masks_for, positions_for
+from nexttok.models.attention import AttentionCapture, attend, keys_for, masks_for, positions_for
 
 
 class RMSNorm(nn.Module):
@@ -74,7 +75,7 @@ class Attention(nn.Module):
         sliding = config.layer_types[layer_idx] == "sliding_attention"
         self.window = config.sliding_window if sliding else None
 
-    def forward(self, x, cos, sin, masks, cache, attention_out):
+    def forward(self, x, cos, sin, masks, cache, capture):
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.n_head, self.head_dim).transpose(1, 2)  # (B, n_head, T, hd)
         k = self.k_proj(x).view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv, T, hd)
@@ -82,7 +83,7 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.update_and_fetch(self.layer_idx, k, v)  # (B, n_kv, S, hd)
-        y = attend(q, k, v, masks[self.window], attention_out)  # (B, n_head, T, hd)
+        y = attend(q, k, v, masks[self.window], capture)  # (B, n_head, T, hd)
         return self.o_proj(y.transpose(1, 2).reshape(b, t, self.n_head * self.head_dim))
 
 
@@ -108,8 +109,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, cos, sin, masks, cache, attention_out):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, masks, cache, attention_out)
+    def forward(self, x, cos, sin, masks, cache, capture):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, masks, cache, capture)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -144,19 +145,20 @@ class Llama(nn.Module):
         self.rope_cos = angles.cos().to(device)
         self.rope_sin = angles.sin().to(device)
 
-    def forward(self, ids: torch.Tensor, cache=None, positions: torch.Tensor | None = None,
-                attention_out: list | None = None, last_only: bool = False) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, cache: Cache | None = None, positions: torch.Tensor | None = None,
+                *, capture: AttentionCapture | None = None, last_only: bool = False) -> torch.Tensor:
         """ids (B, T) -> logits (B, T, vocab). positions (B, T), -1 = padding; default: next ones.
-        last_only: logits of the last position only (B, 1, vocab), all a generation step needs."""
+        last_only: logits of the last position only (B, 1, vocab), all a generation step needs.
+        capture: records what a viewer asks for (attention weights) on the way."""
         q_pos = positions_for(ids, cache, positions, self.config.max_position_embeddings)
         k_pos, contiguous = keys_for(q_pos, cache, explicit=positions is not None)  # (B, S)
-        masks = masks_for(q_pos, k_pos, self._windows, contiguous, getattr(cache, "spans", None))
+        masks = masks_for(q_pos, k_pos, self._windows, contiguous, cache.spans if cache is not None else None)
         rows = q_pos.clamp(min=0)
         x = self.embed_tokens(ids)  # (B, T, hidden)
         cos = self.rope_cos[rows].to(x.dtype)[:, None]  # (B, 1, T, hd/2)
         sin = self.rope_sin[rows].to(x.dtype)[:, None]
         for layer in self.layers:
-            x = layer(x, cos, sin, masks, cache, attention_out)
+            x = layer(x, cos, sin, masks, cache, capture)
         if last_only:
             x = x[:, -1:]
         return self.lm_head(self.norm(x))

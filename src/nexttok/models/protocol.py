@@ -1,0 +1,27 @@
+"""The contract every architecture keeps, and what generation, the server and the explainer rely on."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol
+
+import torch
+
+from nexttok.cache import Cache
+from nexttok.config import ModelConfig
+from nexttok.models.attention import AttentionCapture
+
+
+class Model(Protocol):
+    """forward(ids, cache, positions) -> logits; nothing else (no sampling, no printing).
+
+    ids (B, T) token ids; cache: the KV cache to read and extend (None: no cache); positions (B, T)
+    (-1 = padding; None: continue after what the cache holds); last_only: logits of the last
+    position only (B, 1, vocab); capture: records attention for a viewer. Returns (B, T, vocab)."""
+
+    config: ModelConfig
+
+    def __call__(self, ids: torch.Tensor, cache: Cache | None = None, positions: torch.Tensor | None = None,
+                 *, capture: AttentionCapture | None = None, last_only: bool = False) -> torch.Tensor: ...
+
+    def parameters(self) -> Iterator[torch.nn.Parameter]: ...
