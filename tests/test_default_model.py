@@ -13,12 +13,15 @@ import pytest
 import torch
 
 from corpus import chunks, corpus
-from nexttok.bundled import DEFAULT_MODEL, bundled_model_dir, bundled_model_file
+from nexttok.bundled import DEFAULT_MODEL, bundled_model_file
 from nexttok.cli import main
-from nexttok.convert import GGUFError, convert_gguf, hf_tensor_name
+from nexttok.convert import convert_gguf
+from nexttok.export import write_gguf_gpt2
 from nexttok.generate import generate
+from nexttok.gguf import GGUFError, hf_tensor_name
+from nexttok.loading import load_checkpoint
 from nexttok.sampling import SamplingParams
-from nexttok.weights import load_checkpoint
+from nexttok.sources import bundled_model_dir
 
 PROMPT = "The capital of France is"
 
@@ -64,7 +67,7 @@ def test_hf_loads_the_converted_directory_and_agrees_greedily(converted, ours):
     expected = hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=16,
                            pad_token_id=2)[0, len(ids):].tolist()
     got = generate(model, tokenizer, PROMPT, SamplingParams(temperature=0), max_tokens=16)
-    assert got.token_ids == expected[: len(got.token_ids)]
+    assert len(expected) == 16 and got.token_ids == expected  # all 16: stopping early would fail
     assert got.text.startswith(" Paris.")
 
 
@@ -114,7 +117,6 @@ def test_gguf_export_of_gpt2_round_trips(tmp_path, gpt2_dir):
     from gguf import GGUFReader
     from safetensors.numpy import load_file
 
-    from nexttok.convert import write_gguf_gpt2
     from tiny_models import write_tiny_with_gpt2_tokenizer
 
     write_tiny_with_gpt2_tokenizer("gpt2", tmp_path, gpt2_dir)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from nexttok.cache import SlotCache
-from nexttok.weights import load_model
+from nexttok.loading import load_model
 from tiny_models import write_tiny
 
 

@@ -6,13 +6,9 @@ import json
 
 import pytest
 
-from nexttok.tokenizer import (
-    TokenizerError,
-    from_directory,
-    from_tokenizer_json,
-    from_vocab_merges,
-    load_tokenizer,
-)
+from nexttok.sources import load_tokenizer
+from nexttok.tokenizer import TokenizerError
+from nexttok.tokenizer_json import from_directory, from_tokenizer_json, from_vocab_merges
 
 
 def _write(tmp_path, data, name="tokenizer.json"):

@@ -6,7 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nexttok.detokenizer import IncrementalDetokenizer
-from nexttok.tokenizer import bytes_to_unicode, from_tokenizer_json
+from nexttok.tokenizer import bytes_to_unicode
+from nexttok.tokenizer_json import from_tokenizer_json
 
 
 @settings(max_examples=400, deadline=None)

@@ -1,7 +1,8 @@
 """nexttok: an LLM text-generation engine that shows every step."""
 
 from nexttok.detokenizer import IncrementalDetokenizer
-from nexttok.tokenizer import Tokenizer, TokenizerError, load_tokenizer
+from nexttok.sources import load_tokenizer
+from nexttok.tokenizer import Tokenizer, TokenizerError
 
 __all__ = ["IncrementalDetokenizer", "Tokenizer", "TokenizerError", "load_tokenizer"]
 __version__ = "0.1.0"

@@ -15,6 +15,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
+
+from nexttok.cache import KVCache
+from nexttok.export import write_gguf_gpt2
+from nexttok.generate import generate
+from nexttok.gguf import GGUFError
+from nexttok.loading import load_model
+from nexttok.sampling import SamplingParams
+from nexttok.tokenizer_json import from_directory
+
 METRICS = (  # key, label, higher is better
     ("decode_tps", "decode tokens/s (batch 1, greedy)", True),
     ("prefill_tps", "prefill tokens/s", True),
@@ -39,8 +49,6 @@ class BenchConfig:
 
 def measure_read_bandwidth(megabytes: int = 512, repeat: int = 5) -> float:
     """Memory read bandwidth in GB/s: the best time to sum a buffer much larger than the caches."""
-    import torch
-
     data = torch.ones(megabytes * (1 << 20) // 4, dtype=torch.float32)
     data.sum()
     best = min(_timed(data.sum) for _ in range(repeat))
@@ -54,8 +62,6 @@ def _timed(fn: Callable) -> float:
 
 
 def _ids(n: int, vocab: int, seed: int = 0):
-    import torch
-
     return torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(seed))
 
 
@@ -64,13 +70,6 @@ def _median(values: list[float]) -> float:
 
 
 def bench_nexttok(cfg: BenchConfig) -> dict:
-    import torch
-
-    from nexttok.generate import generate
-    from nexttok.sampling import SamplingParams
-    from nexttok.tokenizer import from_directory
-    from nexttok.weights import load_model
-
     torch.set_num_threads(cfg.threads)
     model = load_model(cfg.directory, dtype=cfg.dtype, device="cpu")
     tokenizer = from_directory(model.directory)
@@ -99,17 +98,12 @@ def bench_nexttok(cfg: BenchConfig) -> dict:
 
 
 def _forward_nexttok(model, ids: list[int]) -> None:
-    import torch
-
-    from nexttok.cache import KVCache
-
     cache = KVCache.for_model(model.config, max_len=len(ids) + 1)
     with torch.inference_mode():
         model(torch.tensor([ids]), cache, last_only=True)
 
 
 def bench_hf(cfg: BenchConfig) -> dict:
-    import torch
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(cfg.threads)
@@ -117,18 +111,18 @@ def bench_hf(cfg: BenchConfig) -> dict:
     vocab = model.config.vocab_size
     short, long = _ids(cfg.decode_prompt_tokens, vocab), _ids(cfg.prompt_tokens, vocab, seed=1)
 
-    def generate(ids, n):
+    def hf_generate(ids, n):
         with torch.inference_mode():
             return model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None,
                                   pad_token_id=0)
 
-    generate(short, 8)  # warm-up
+    hf_generate(short, 8)  # warm-up
     decode = []
     for _ in range(cfg.repeat):
-        first = _timed(lambda: generate(short, 1))
-        total = _timed(lambda: generate(short, cfg.new_tokens))
+        first = _timed(lambda: hf_generate(short, 1))
+        total = _timed(lambda: hf_generate(short, cfg.new_tokens))
         decode.append((cfg.new_tokens - 1) / (total - first))
-    ttft = [_timed(lambda: generate(long, 1)) for _ in range(cfg.repeat)]
+    ttft = [_timed(lambda: hf_generate(long, 1)) for _ in range(cfg.repeat)]
     with torch.inference_mode():
         prefill = [cfg.prompt_tokens / _timed(lambda: model(long, use_cache=True, logits_to_keep=1))
                    for _ in range(cfg.repeat)]
@@ -146,7 +140,7 @@ def bench_llama_cpp(cfg: BenchConfig) -> dict:
     short = _ids(cfg.decode_prompt_tokens, vocab)[0].tolist()
     long = _ids(cfg.prompt_tokens, vocab, seed=1)[0].tolist()
 
-    def generate(ids, n) -> tuple[float, float]:
+    def llama_generate(ids, n) -> tuple[float, float]:
         """(time to first token, decode tokens/s) for n greedy tokens."""
         llm.reset()
         start = time.perf_counter()
@@ -157,9 +151,9 @@ def bench_llama_cpp(cfg: BenchConfig) -> dict:
                 break
         return first - start, (n - 1) / (time.perf_counter() - first) if n > 1 else 0.0
 
-    generate(short, 8)  # warm-up
-    decode = [generate(short, cfg.new_tokens)[1] for _ in range(cfg.repeat)]
-    ttft = [generate(long, 1)[0] for _ in range(cfg.repeat)]
+    llama_generate(short, 8)  # warm-up
+    decode = [llama_generate(short, cfg.new_tokens)[1] for _ in range(cfg.repeat)]
+    ttft = [llama_generate(long, 1)[0] for _ in range(cfg.repeat)]
 
     def prefill() -> float:
         llm.reset()
@@ -226,8 +220,6 @@ def report(results: dict[str, dict | str], bandwidth_gbs: float, cfg: BenchConfi
 def llama_cpp_column(cfg: BenchConfig, workdir: str) -> str | None:
     """Prepare the llama.cpp column (a float32 GGUF of the same weights); None, or why it is skipped."""
     import importlib.util
-
-    from nexttok.convert import GGUFError, write_gguf_gpt2
 
     if importlib.util.find_spec("llama_cpp") is None:
         return "llama-cpp-python is not installed (pip install llama-cpp-python builds llama.cpp from source)"

@@ -12,7 +12,8 @@ from rich.console import Console
 from rich.table import Table
 
 from nexttok.bundled import DEFAULT_MODEL
-from nexttok.tokenizer import Piece, load_tokenizer
+from nexttok.sources import load_tokenizer
+from nexttok.tokenizer import Piece
 
 # llama.cpp's defaults for an interactive run; the library's SamplingParams defaults are neutral
 CLI_SAMPLING = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repetition_penalty=1.0)
@@ -81,7 +82,7 @@ def _model_and_prompt(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def _load(model: str, args: argparse.Namespace):
-    from nexttok.weights import load_checkpoint
+    from nexttok.loading import load_checkpoint
 
     def converting(target) -> None:
         Console(stderr=True).print(f"[dim]first use of {model}: converting it once to {target}[/]")
@@ -135,7 +136,7 @@ def cmd_explain(args: argparse.Namespace, out: Console) -> int:
     chips = " ".join(f"[reverse]{_escape(_visible(p.text))}[/][dim]{p.id}[/]" for p in tokenizer.pieces(ids))
     out.print(f"[bold]prompt[/] → {len(ids)} tokens: {chips}")
     params = _sampling_params(args)
-    steps = stream(model, tokenizer, prompt, params, max_tokens=args.steps, stop=args.stop,
+    steps = stream(model, tokenizer, ids, params, max_tokens=args.steps, stop=args.stop,
                    top_n=args.top, record_stages=True)
     text = ""
     for step in steps:
@@ -260,7 +261,7 @@ def cmd_bench(args: argparse.Namespace, out: Console) -> int:
     import importlib.util
 
     from nexttok.benchmark import BenchConfig, run
-    from nexttok.weights import resolve_checkpoint
+    from nexttok.sources import resolve_checkpoint
 
     directory = resolve_checkpoint(args.model or DEFAULT_MODEL)
     engines = ["nexttok"]

@@ -2,12 +2,16 @@
 
 GPT-2's own keys (n_embd, n_layer, ...) are read into the canonical names HF also maps them to
 (hidden_size, num_hidden_layers, ...). Unknown keys are ignored; unsupported features raise.
+read_config and read_generation_stop_ids read a checkpoint directory's config.json and
+generation_config.json; ConfigError and CheckpointError are what a bad checkpoint raises.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 LLAMA_FAMILY = ("llama", "qwen2", "mistral")
 SUPPORTED = ("gpt2", *LLAMA_FAMILY)
@@ -16,6 +20,10 @@ ROPE_TYPES = ("default", "linear", "llama3")
 
 class ConfigError(ValueError):
     """config.json asks for something missing, malformed or unsupported."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that is missing, corrupt, or does not fit the model."""
 
 
 @dataclass
@@ -96,7 +104,7 @@ def from_hf_config(hf: dict) -> ModelConfig:
     try:
         fields = _gpt2_fields(hf) if model_type == "gpt2" else _llama_fields(hf, model_type)
         return ModelConfig(model_type=model_type, bos_token_id=_optional_int(hf, "bos_token_id"),
-                           eos_token_id=_id_list(hf.get("eos_token_id")),
+                           eos_token_id=eos_token_ids(hf.get("eos_token_id")),
                            torch_dtype=hf.get("torch_dtype") or hf.get("dtype"), **fields)
     except KeyError as e:
         raise ConfigError(f"config.json for {model_type} is missing {e.args[0]!r}") from None
@@ -111,11 +119,39 @@ def _optional_int(hf: dict, key: str) -> int | None:
     return value
 
 
-def _id_list(value) -> list[int]:
+def eos_token_ids(value, where: str = "") -> list[int]:
+    """eos_token_id as config.json and generation_config.json write it: an int, a list, or null.
+
+    eos_token_ids(2) == [2]; eos_token_ids([2, 7]) == [2, 7]; eos_token_ids(None) == []
+    """
     ids = [] if value is None else value if isinstance(value, list) else [value]
     if not all(type(i) is int for i in ids):
-        raise ConfigError(f"eos_token_id must be an integer or a list of integers, got {value!r}")
-    return ids
+        raise ConfigError(f"{where}eos_token_id must be an integer or a list of integers, got {value!r}")
+    return list(ids)
+
+
+def read_config(directory: Path) -> ModelConfig:
+    """The ModelConfig of a checkpoint directory's config.json."""
+    path = directory / "config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no config.json in {directory}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path} is not valid JSON: {e}") from None
+    return from_hf_config(data)
+
+
+def read_generation_stop_ids(directory: Path) -> list[int]:
+    """eos_token_id from generation_config.json (often longer than config.json's), if present."""
+    path = directory / "generation_config.json"
+    if not path.is_file():
+        return []
+    try:
+        value = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id")
+    except (ValueError, AttributeError):
+        raise ConfigError(f"{path} is not a valid JSON object") from None
+    return eos_token_ids(value, where=f"{path}: ")
 
 
 def _gpt2_fields(hf: dict) -> dict:

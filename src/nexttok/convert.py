@@ -1,14 +1,8 @@
 """GGUF → HF checkpoint layout (config.json, model.safetensors, tokenizer.json, ...).
 
-A GGUF file (llama.cpp's format) holds the weights, often quantized, and the tokenizer as metadata.
-We convert it once into the layout every other checkpoint has, so it loads through exactly the
-same path (weights.load_model, tokenizer.from_directory) and HF transformers can load it too.
-Reading and dequantizing the tensors is the `gguf` package's job; the mapping is ours:
-
-- config: llama.cpp metadata keys → HF config.json keys
-- tensors: llama.cpp names → HF names; llama.cpp stores Q and K rows interleaved for its RoPE
-  kernel (convert_hf_to_gguf permutes them), so they are permuted back
-- tokenizer: tokens/merges/token types + the named pre-tokenizer → a tokenizer.json
+We convert a GGUF once into the layout every other checkpoint has, so it loads through exactly the
+same path (loading.load_model, tokenizer_json.from_directory) and HF transformers can load it too.
+What each file holds is gguf.py's mapping; this module only writes it out, atomically.
 """
 
 from __future__ import annotations
@@ -19,199 +13,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
-from nexttok.tokenizer import LLAMA3_PATTERN, QWEN2_PATTERN
-
-SUPPORTED_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
-
-_BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
-_BYTE_LEVEL_NO_REGEX = {**_BYTE_LEVEL, "use_regex": False}
-
-
-def _split(pattern: str) -> dict:
-    return {"type": "Sequence", "pretokenizers": [
-        {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False},
-        _BYTE_LEVEL_NO_REGEX]}
-
-
-_DIGITS_THEN_BYTE_LEVEL = {"type": "Sequence", "pretokenizers": [
-    {"type": "Digits", "individual_digits": True}, _BYTE_LEVEL]}
-
-# llama.cpp's tokenizer.ggml.pre names → (pre_tokenizer, normalizer) as HF's tokenizer.json has them
-PRE_TOKENIZERS: dict[str, tuple[dict, dict | None]] = {
-    **{name: (_BYTE_LEVEL, None) for name in ("default", "gpt2", "gpt-2")},
-    **{name: (_DIGITS_THEN_BYTE_LEVEL, None) for name in ("smollm", "starcoder", "refact", "codeshell")},
-    **{name: (_split(LLAMA3_PATTERN), None)
-       for name in ("llama3", "llama-v3", "llama-bpe", "smaug-bpe", "dbrx")},
-    **{name: (_split(QWEN2_PATTERN), {"type": "NFC"}) for name in ("qwen2", "deepseek-r1-qwen")},
-}
-
-TENSOR_NAMES = {  # llama.cpp → HF (per block: "blk.N." → "model.layers.N.")
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-    "attn_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight", "attn_q.bias": "self_attn.q_proj.bias",
-    "attn_k.weight": "self_attn.k_proj.weight", "attn_k.bias": "self_attn.k_proj.bias",
-    "attn_v.weight": "self_attn.v_proj.weight", "attn_v.bias": "self_attn.v_proj.bias",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-}
-
-
-class GGUFError(ValueError):
-    """A GGUF file that is unreadable or describes something nexttok does not support."""
-
-
-def _reader(path: Path):
-    try:
-        from gguf import GGUFReader
-    except ImportError:
-        raise GGUFError("reading GGUF files needs the `gguf` package: pip install gguf") from None
-    try:
-        return GGUFReader(str(path))
-    except Exception as e:  # the reader raises bare ValueError/KeyError/struct errors
-        raise GGUFError(f"{path} is not a readable GGUF file: {type(e).__name__}: {e}") from None
-
-
-def _fields(reader) -> dict:
-    out = {}
-    for name, field in reader.fields.items():
-        try:
-            out[name] = field.contents()
-        except Exception as e:  # a field of a type we cannot read: keep going, it may be unused
-            out[name] = GGUFError(f"field {name} unreadable: {e}")
-    return out
-
-
-def hf_config(meta: dict, tensor_names: set[str]) -> dict:
-    """HF config.json for the GGUF's metadata."""
-    arch = meta.get("general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise GGUFError(f"GGUF architecture {arch!r} is not supported "
-                        f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
-
-    def key(name, default=None):
-        value = meta.get(f"{arch}.{name}", default)
-        if value is None:
-            raise GGUFError(f"GGUF metadata {arch}.{name} is missing")
-        return value
-
-    hidden, heads = key("embedding_length"), key("attention.head_count")
-    head_dim = meta.get(f"{arch}.attention.key_length", hidden // heads)
-    if meta.get(f"{arch}.rope.dimension_count", head_dim) != head_dim:
-        raise GGUFError("partial rotary embeddings (rope.dimension_count != head dim) are not supported")
-    if "rope_freqs.weight" in tensor_names:
-        raise GGUFError("GGUF rope_freqs (Llama 3.1 style frequency factors) are not supported yet")
-    config = {
-        "architectures": [SUPPORTED_ARCHITECTURES[arch]], "model_type": arch,
-        "vocab_size": len(meta["tokenizer.ggml.tokens"]), "hidden_size": hidden,
-        "intermediate_size": key("feed_forward_length"), "num_hidden_layers": key("block_count"),
-        "num_attention_heads": heads, "num_key_value_heads": key("attention.head_count_kv", heads),
-        "head_dim": head_dim, "max_position_embeddings": key("context_length"),
-        "rms_norm_eps": key("attention.layer_norm_rms_epsilon"),
-        "rope_theta": key("rope.freq_base", 10000.0), "hidden_act": "silu",
-        "tie_word_embeddings": "output.weight" not in tensor_names,
-        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
-        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
-        "torch_dtype": "float32",
-    }
-    if meta.get(f"{arch}.rope.scaling.type", "none") not in ("none", None):
-        kind = meta[f"{arch}.rope.scaling.type"]
-        if kind != "linear":
-            raise GGUFError(f"GGUF rope scaling {kind!r} is not supported")
-        config["rope_scaling"] = {"rope_type": "linear", "factor": key("rope.scaling.factor")}
-    return config
-
-
-def _unpermute(weights: np.ndarray, n_head: int) -> np.ndarray:
-    """Undo llama.cpp's Q/K row interleaving: rows (head, pair, 2) back to (head, 2, pair)."""
-    rows = weights.shape[0]
-    w = weights.reshape(n_head, rows // n_head // 2, 2, *weights.shape[1:])
-    return w.swapaxes(1, 2).reshape(weights.shape)
-
-
-def hf_tensor_name(name: str) -> str:
-    """llama.cpp tensor name → HF: "blk.3.attn_q.weight" -> "model.layers.3.self_attn.q_proj.weight"."""
-    if name in TENSOR_NAMES:
-        return TENSOR_NAMES[name]
-    parts = name.split(".", 2)
-    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in TENSOR_NAMES:
-        return f"model.layers.{parts[1]}.{TENSOR_NAMES[parts[2]]}"
-    raise GGUFError(f"GGUF tensor {name!r} has no HF equivalent in nexttok's table")
-
-
-def hf_tensors(reader, config: dict):
-    """Yield (HF name, float32 array) for every tensor, dequantized and un-permuted."""
-    from gguf import quants
-
-    permute = config["model_type"] == "llama"
-    for tensor in reader.tensors:
-        name = hf_tensor_name(tensor.name)
-        try:
-            array = quants.dequantize(tensor.data, tensor.tensor_type)
-        except Exception as e:
-            raise GGUFError(f"cannot dequantize GGUF tensor {tensor.name!r} "
-                            f"({tensor.tensor_type.name}): {e}") from None
-        expected = tuple(int(d) for d in reversed(tensor.shape))
-        array = np.ascontiguousarray(array.reshape(expected), dtype=np.float32)
-        if permute and ".q_proj.weight" in name:
-            array = _unpermute(array, config["num_attention_heads"])
-        elif permute and ".k_proj.weight" in name:
-            array = _unpermute(array, config["num_key_value_heads"])
-        yield name, array
-
-
-def hf_tokenizer(meta: dict) -> tuple[dict, dict]:
-    """(tokenizer.json, tokenizer_config.json) for a byte-level BPE ("gpt2") GGUF tokenizer."""
-    model = meta.get("tokenizer.ggml.model")
-    if model != "gpt2":
-        raise GGUFError(f"GGUF tokenizer model {model!r} is not supported (only byte-level BPE, 'gpt2')")
-    pre = meta.get("tokenizer.ggml.pre", "default")
-    if pre not in PRE_TOKENIZERS:
-        known = ", ".join(sorted(PRE_TOKENIZERS))
-        raise GGUFError(f"GGUF pre-tokenizer {pre!r} is not known (known: {known})")
-    tokens, types = meta["tokenizer.ggml.tokens"], meta.get("tokenizer.ggml.token_type")
-    types = types or [1] * len(tokens)
-    # llama.cpp token types: 1 normal, 3 control (special), 4 user-defined (added, not special)
-    added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
-              "normalized": False, "special": kind == 3}
-             for i, (t, kind) in enumerate(zip(tokens, types, strict=True)) if kind in (3, 4)]
-    pre_tokenizer, normalizer = PRE_TOKENIZERS[pre]
-    bos = meta.get("tokenizer.ggml.bos_token_id")
-    tokenizer = {
-        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
-        "normalizer": normalizer, "pre_tokenizer": pre_tokenizer,
-        "post_processor": _bos_template(tokens[bos], bos) if meta.get("tokenizer.ggml.add_bos_token")
-        and bos is not None else None,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
-        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
-                  "ignore_merges": pre.startswith("llama"),
-                  "vocab": {t: i for i, t in enumerate(tokens)},
-                  "merges": list(meta.get("tokenizer.ggml.merges") or [])},
-    }
-    tokenizer_config = {}
-    for name in ("bos", "eos", "unk", "pad"):
-        token_id = meta.get(f"tokenizer.ggml.{name}_token_id")
-        if token_id is not None:
-            tokenizer_config[f"{name}_token"] = tokens[token_id]
-    tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast"
-    if isinstance(meta.get("tokenizer.chat_template"), str):
-        tokenizer_config["chat_template"] = meta["tokenizer.chat_template"]
-    return tokenizer, tokenizer_config
-
-
-def _bos_template(bos: str, bos_id: int) -> dict:
-    return {"type": "TemplateProcessing",
-            "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-            "pair": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
-                     {"SpecialToken": {"id": bos, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
-            "special_tokens": {bos: {"id": bos, "ids": [bos_id], "tokens": [bos]}}}
+from nexttok.gguf import read_gguf
 
 
 def convert_gguf(path: str | Path, out_dir: str | Path) -> Path:
@@ -219,23 +21,16 @@ def convert_gguf(path: str | Path, out_dir: str | Path) -> Path:
     from safetensors.numpy import save_file
 
     path, out_dir = Path(path), Path(out_dir)
-    if not path.is_file():
-        raise FileNotFoundError(f"GGUF file not found: {path}")
-    reader = _reader(path)
-    meta = _fields(reader)
-    names = {t.name for t in reader.tensors}
-    config = hf_config(meta, names)
-    tokenizer, tokenizer_config = hf_tokenizer(meta)
+    gguf = read_gguf(path)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
     try:
-        save_file(dict(hf_tensors(reader, config)), str(work / "model.safetensors"),
+        save_file(dict(gguf.tensors()), str(work / "model.safetensors"),
                   metadata={"format": "pt", "source": path.name})
-        _write_json(work / "config.json", config)
-        _write_json(work / "generation_config.json", {"bos_token_id": config["bos_token_id"],
-                                                      "eos_token_id": config["eos_token_id"]})
-        _write_json(work / "tokenizer.json", tokenizer)
-        _write_json(work / "tokenizer_config.json", tokenizer_config)
+        _write_json(work / "config.json", gguf.config)
+        _write_json(work / "generation_config.json", gguf.generation_config)
+        _write_json(work / "tokenizer.json", gguf.tokenizer)
+        _write_json(work / "tokenizer_config.json", gguf.tokenizer_config)
         if out_dir.exists():
             shutil.rmtree(out_dir)
         os.replace(work, out_dir)
@@ -247,78 +42,3 @@ def convert_gguf(path: str | Path, out_dir: str | Path) -> Path:
 
 def _write_json(path: Path, data) -> None:
     path.write_text(json.dumps(data, ensure_ascii=False, indent=1), encoding="utf-8")
-
-
-# ---------------------------------------------------------------------------------------------
-# HF GPT-2 checkpoint → GGUF (float32), so llama.cpp can run the very same weights side by side.
-
-_GPT2_TO_GGUF = {
-    "wte.weight": "token_embd.weight", "wpe.weight": "position_embd.weight",
-    "ln_f.weight": "output_norm.weight", "ln_f.bias": "output_norm.bias",
-    "ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output",
-    "ln_2": "ffn_norm", "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down",
-}
-
-
-def _gguf_gpt2_name(name: str) -> str | None:
-    """HF GPT-2 tensor name → llama.cpp's: "h.3.attn.c_attn.weight" -> "blk.3.attn_qkv.weight"."""
-    name = name.removeprefix("transformer.")
-    if name in _GPT2_TO_GGUF:
-        return _GPT2_TO_GGUF[name]
-    parts = name.split(".")
-    if len(parts) >= 4 and parts[0] == "h" and parts[1].isdigit():
-        module, kind = ".".join(parts[2:-1]), parts[-1]
-        if module in _GPT2_TO_GGUF:
-            return f"blk.{parts[1]}.{_GPT2_TO_GGUF[module]}.{kind}"
-    return None  # buffers such as attn.bias (the causal mask) have no GGUF counterpart
-
-
-def write_gguf_gpt2(directory: str | Path, out: str | Path) -> Path:
-    """Write a GGUF (float32) of an HF GPT-2 checkpoint directory with its tokenizer."""
-    import gguf
-    from safetensors.numpy import load_file
-
-    from nexttok.tokenizer import from_directory
-    from nexttok.weights import checkpoint_files, read_config
-
-    directory, out = Path(directory), Path(out)
-    config = read_config(directory)
-    if config.model_type != "gpt2":
-        raise GGUFError(f"GGUF export supports GPT-2 checkpoints only, not {config.model_type!r}")
-    tokenizer = from_directory(directory)
-    writer = gguf.GGUFWriter(str(out), "gpt2")
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_layer_norm_eps(config.norm_eps)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    tokens = [""] * config.vocab_size
-    for token, i in tokenizer.vocab.items():
-        tokens[i] = token
-    special = {t.id for t in tokenizer.added_tokens if t.special}
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("gpt-2")
-    writer.add_token_list(tokens)
-    writer.add_token_types([3 if i in special else 1 for i in range(config.vocab_size)])
-    writer.add_token_merges([f"{a} {b}" for (a, b) in tokenizer.merge_ranks])
-    if config.eos_token_id:
-        writer.add_eos_token_id(config.eos_token_id[0])
-        writer.add_bos_token_id(config.bos_token_id if config.bos_token_id is not None else config.eos_token_id[0])
-    for path in checkpoint_files(directory):
-        for name, array in load_file(str(path)).items():
-            target = _gguf_gpt2_name(name)
-            if target is None:
-                continue
-            if name.endswith((".c_attn.weight", ".c_proj.weight", ".c_fc.weight")):
-                array = array.T  # HF Conv1D (in, out) → (out, in)
-            array = np.ascontiguousarray(array, dtype=np.float32)
-            writer.add_tensor(target, array)
-            if target == "token_embd.weight":
-                writer.add_tensor("output.weight", array)  # GPT-2's output is tied to wte
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return out

@@ -1,9 +1,9 @@
-"""Checkpoints: find them (local directory, HF cache, hub download) and load their weights.
+"""Safetensors weights into a model: which files hold them, reading tensors one at a time, and
+copying each in by its checkpoint name with its shape and dtype checked.
 
-A checkpoint is HF's layout: config.json + *.safetensors (sharded with an index, or one file).
-Tensors are read one at a time with the safetensors library, renamed by each architecture's short
-table (prefix, transposed names), and copied in with their shapes and dtypes checked. Pickle files
-(.bin/.pt) are refused: unpickling can run arbitrary code.
+Each architecture gives a short rename table (a prefix, the names stored transposed). Pickle
+files (.bin/.pt) are refused: unpickling can run arbitrary code. Finding a checkpoint is
+sources.py's job, building the model around these weights loading.py's.
 """
 
 from __future__ import annotations
@@ -14,81 +14,13 @@ from pathlib import Path
 
 import torch
 
-from nexttok.config import ConfigError, ModelConfig, from_hf_config
+from nexttok.config import CheckpointError, ModelConfig
 
-TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt"]
-
-
-class CheckpointNotFound(FileNotFoundError):
-    """A model name that is neither a local path, bundled, cached, nor downloadable now."""
-
-
-def hub_snapshot(repo_id: str, patterns: list[str]) -> Path:
-    """Local directory holding `patterns` of hub repo `repo_id`: from the HF cache when there,
-    else downloaded (with a progress bar). Clear error when offline and not cached."""
-    try:
-        from huggingface_hub import snapshot_download
-        from huggingface_hub.errors import HFValidationError
-    except ImportError:  # pragma: no cover - declared dependency
-        raise CheckpointNotFound(
-            f"{repo_id!r} is not a local path and huggingface_hub is not installed to fetch it"
-        ) from None
-    try:
-        return Path(snapshot_download(repo_id, allow_patterns=patterns, local_files_only=True))
-    except HFValidationError as e:
-        raise CheckpointNotFound(f"{repo_id!r} is neither a local path nor a valid hub id: {e}") from None
-    except Exception:  # not cached: fall through to a download
-        pass
-    try:
-        return Path(snapshot_download(repo_id, allow_patterns=patterns))
-    except Exception as e:
-        raise CheckpointNotFound(
-            f"{repo_id!r} is not a local path, not in the Hugging Face cache, and could not be "
-            f"downloaded ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). "
-            "Pass a local directory, or run once with network access."
-        ) from None
-
-
-# ---------------------------------------------------------------------------------------------
-
-CHECKPOINT_FILES = ["config.json", "generation_config.json", "*.safetensors",
-                    "model.safetensors.index.json", *TOKENIZER_FILES]
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 # tensors some checkpoints carry that the model derives itself
 IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint file that is missing, corrupt, or does not fit the model."""
-
-
-def resolve_checkpoint(source: str | Path, on_convert=None) -> Path:
-    """Directory of a checkpoint: a local directory; a .gguf file (converted once into the nexttok
-    cache); a bundled model name (or "default"); or a hub id fetched to (or found in) the HF cache.
-    on_convert(target) is called before a GGUF conversion starts (it takes a few seconds)."""
-    from nexttok import bundled
-
-    directory = bundled.local_checkpoint(source, missing="checkpoint directory", on_convert=on_convert)
-    if directory is not None:
-        return directory
-    if Path(source).exists():
-        raise CheckpointError(
-            f"{source} is a file; give the checkpoint directory (config.json + *.safetensors)"
-        )
-    return hub_snapshot(str(source), CHECKPOINT_FILES)
-
-
-def read_config(directory: Path) -> ModelConfig:
-    path = directory / "config.json"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"no config.json in {directory}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{path} is not valid JSON: {e}") from None
-    return from_hf_config(data)
 
 
 def checkpoint_files(directory: Path) -> list[Path]:
@@ -243,56 +175,3 @@ def pick_dtype(dtype: str | torch.dtype | None, device: torch.device, config: Mo
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)} or auto, got {dtype!r}")
     return DTYPES[dtype]
-
-
-def load_model(source: str | Path, *, dtype: str | torch.dtype | None = None,
-               device: str | None = None, on_convert=None) -> torch.nn.Module:
-    """A ready model (eval mode) from any source resolve_checkpoint takes; model.config holds its
-    config and model.directory the checkpoint directory."""
-    from nexttok.models import build_model
-
-    directory = resolve_checkpoint(source, on_convert)
-    config = read_config(directory)
-    files = checkpoint_files(directory)
-    target = pick_device(device)
-    chosen = pick_dtype(dtype, target, config)
-    with torch.device("meta"):
-        model = build_model(config)
-    model = model.to_empty(device=target).to(chosen)
-    model.tie_weights()  # materializing off the meta device unties shared parameters
-    assign_weights(model, files)
-    model.init_buffers()
-    model.directory = directory
-    return model.eval()
-
-
-def read_generation_stop_ids(directory: Path) -> list[int]:
-    """eos_token_id from generation_config.json (often longer than config.json's), if present."""
-    path = directory / "generation_config.json"
-    if not path.is_file():
-        return []
-    try:
-        value = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id")
-    except (ValueError, AttributeError):
-        raise ConfigError(f"{path} is not a valid JSON object") from None
-    ids = [] if value is None else value if isinstance(value, list) else [value]
-    if not all(type(i) is int for i in ids):
-        raise ConfigError(f"{path}: eos_token_id must be an integer or a list of integers")
-    return ids
-
-
-def load_checkpoint(source: str | Path, *, dtype: str | torch.dtype | None = None,
-                    device: str | None = None, on_convert=None):
-    """(model, tokenizer) from one checkpoint; stop ids from config.json and generation_config.json."""
-    from nexttok.tokenizer import from_directory
-
-    model = load_model(source, dtype=dtype, device=device, on_convert=on_convert)
-    tokenizer = from_directory(model.directory)
-    config = model.config
-    for i in read_generation_stop_ids(model.directory):
-        if i not in config.eos_token_id:
-            config.eos_token_id.append(i)
-    if tokenizer.vocab_size > config.vocab_size:
-        raise CheckpointError(f"tokenizer has {tokenizer.vocab_size} ids but the model only "
-                              f"{config.vocab_size} embeddings")
-    return model, tokenizer

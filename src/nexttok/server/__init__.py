@@ -56,7 +56,7 @@ def load_served(source: str, name: str | None = None, *, dtype=None, device=None
                 on_convert=None) -> ServedModel:
     """Load a checkpoint for serving; its name defaults to the source as given (a path's folder name)."""
     from nexttok.chat import ChatTemplate
-    from nexttok.weights import load_checkpoint
+    from nexttok.loading import load_checkpoint
 
     model, tokenizer = load_checkpoint(source, dtype=dtype, device=device, on_convert=on_convert)
     path = Path(source)

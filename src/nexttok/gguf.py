@@ -1,0 +1,264 @@
+"""Reading a GGUF file (llama.cpp's format): its config, its tokenizer and its tensors, in HF's terms.
+
+A GGUF holds the weights, often quantized, and the tokenizer as metadata. Parsing the file and
+dequantizing blocks is the third-party `gguf` package's job (imported when a file is opened); the
+mapping is ours:
+
+- config: llama.cpp metadata keys → HF config.json keys
+- tokenizer: tokens/merges/token types + the named pre-tokenizer → tokenizer.json (+ its config)
+- tensors: llama.cpp names → HF names; llama.cpp stores Q and K rows interleaved for its RoPE
+  kernel (convert_hf_to_gguf permutes them), so they are permuted back
+
+    gguf = read_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")
+    gguf.config["num_hidden_layers"] == 30; dict(gguf.tensors())["model.norm.weight"].shape == (576,)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+
+SUPPORTED_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+
+# Llama 3's and Qwen2's Split patterns (as their tokenizer.json files write them)
+LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+QWEN2_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+_BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+_BYTE_LEVEL_NO_REGEX = {**_BYTE_LEVEL, "use_regex": False}
+
+
+def _split(pattern: str) -> dict:
+    return {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False},
+        _BYTE_LEVEL_NO_REGEX]}
+
+
+_DIGITS_THEN_BYTE_LEVEL = {"type": "Sequence", "pretokenizers": [
+    {"type": "Digits", "individual_digits": True}, _BYTE_LEVEL]}
+
+# llama.cpp's tokenizer.ggml.pre names → (pre_tokenizer, normalizer) as HF's tokenizer.json has them
+PRE_TOKENIZERS: dict[str, tuple[dict, dict | None]] = {
+    **{name: (_BYTE_LEVEL, None) for name in ("default", "gpt2", "gpt-2")},
+    **{name: (_DIGITS_THEN_BYTE_LEVEL, None) for name in ("smollm", "starcoder", "refact", "codeshell")},
+    **{name: (_split(LLAMA3_PATTERN), None)
+       for name in ("llama3", "llama-v3", "llama-bpe", "smaug-bpe", "dbrx")},
+    **{name: (_split(QWEN2_PATTERN), {"type": "NFC"}) for name in ("qwen2", "deepseek-r1-qwen")},
+}
+
+TENSOR_NAMES = {  # llama.cpp → HF (per block: "blk.N." → "model.layers.N.")
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight", "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.weight": "self_attn.k_proj.weight", "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.weight": "self_attn.v_proj.weight", "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+
+
+class GGUFError(ValueError):
+    """A GGUF file that is unreadable or describes something nexttok does not support."""
+
+
+@dataclass
+class GGUFFile:
+    """An opened GGUF, its config and tokenizer already mapped (so an unsupported file fails here,
+    before any tensor is read); tensors() reads the weights one at a time."""
+
+    path: Path
+    config: dict  # HF config.json
+    meta: dict[str, Any] = field(repr=False)  # metadata key -> value (a GGUFError where unreadable)
+    tokenizer: dict = field(repr=False)  # HF tokenizer.json
+    tokenizer_config: dict = field(repr=False)  # HF tokenizer_config.json (special tokens, chat template)
+    reader: Any = field(repr=False)  # the `gguf` package's GGUFReader
+
+    @property
+    def generation_config(self) -> dict:
+        """HF generation_config.json: the BOS and EOS ids."""
+        return {"bos_token_id": self.config["bos_token_id"], "eos_token_id": self.config["eos_token_id"]}
+
+    def tensors(self) -> Iterator[tuple[str, np.ndarray]]:
+        """(HF name, float32 array) for every tensor, dequantized and un-permuted."""
+        return hf_tensors(self.reader, self.config)
+
+
+def read_gguf(path: str | Path) -> GGUFFile:
+    """Open a GGUF file and map its metadata to HF's config and tokenizer."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"GGUF file not found: {path}")
+    reader = _reader(path)
+    meta = _fields(reader)
+    config = hf_config(meta, {t.name for t in reader.tensors})
+    tokenizer, tokenizer_config = hf_tokenizer(meta)
+    return GGUFFile(path, config, meta, tokenizer, tokenizer_config, reader)
+
+
+def _reader(path: Path):
+    try:
+        from gguf import GGUFReader  # the third-party package (absolute import), not this module
+    except ImportError:
+        raise GGUFError("reading GGUF files needs the `gguf` package: pip install gguf") from None
+    try:
+        return GGUFReader(str(path))
+    except Exception as e:  # the reader raises bare ValueError/KeyError/struct errors
+        raise GGUFError(f"{path} is not a readable GGUF file: {type(e).__name__}: {e}") from None
+
+
+def _fields(reader) -> dict:
+    out = {}
+    for name, field_ in reader.fields.items():
+        try:
+            out[name] = field_.contents()
+        except Exception as e:  # a field of a type we cannot read: keep going, it may be unused
+            out[name] = GGUFError(f"field {name} unreadable: {e}")
+    return out
+
+
+def hf_config(meta: dict, tensor_names: set[str]) -> dict:
+    """HF config.json for the GGUF's metadata."""
+    arch = meta.get("general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise GGUFError(f"GGUF architecture {arch!r} is not supported "
+                        f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+
+    def key(name, default=None):
+        value = meta.get(f"{arch}.{name}", default)
+        if value is None:
+            raise GGUFError(f"GGUF metadata {arch}.{name} is missing")
+        return value
+
+    hidden, heads = key("embedding_length"), key("attention.head_count")
+    head_dim = meta.get(f"{arch}.attention.key_length", hidden // heads)
+    if meta.get(f"{arch}.rope.dimension_count", head_dim) != head_dim:
+        raise GGUFError("partial rotary embeddings (rope.dimension_count != head dim) are not supported")
+    if "rope_freqs.weight" in tensor_names:
+        raise GGUFError("GGUF rope_freqs (Llama 3.1 style frequency factors) are not supported yet")
+    config = {
+        "architectures": [SUPPORTED_ARCHITECTURES[arch]], "model_type": arch,
+        "vocab_size": len(meta["tokenizer.ggml.tokens"]), "hidden_size": hidden,
+        "intermediate_size": key("feed_forward_length"), "num_hidden_layers": key("block_count"),
+        "num_attention_heads": heads, "num_key_value_heads": key("attention.head_count_kv", heads),
+        "head_dim": head_dim, "max_position_embeddings": key("context_length"),
+        "rms_norm_eps": key("attention.layer_norm_rms_epsilon"),
+        "rope_theta": key("rope.freq_base", 10000.0), "hidden_act": "silu",
+        "tie_word_embeddings": "output.weight" not in tensor_names,
+        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
+        "torch_dtype": "float32",
+    }
+    if meta.get(f"{arch}.rope.scaling.type", "none") not in ("none", None):
+        kind = meta[f"{arch}.rope.scaling.type"]
+        if kind != "linear":
+            raise GGUFError(f"GGUF rope scaling {kind!r} is not supported")
+        config["rope_scaling"] = {"rope_type": "linear", "factor": key("rope.scaling.factor")}
+    return config
+
+
+def _unpermute(weights: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row interleaving: rows (head, pair, 2) back to (head, 2, pair)."""
+    rows = weights.shape[0]
+    w = weights.reshape(n_head, rows // n_head // 2, 2, *weights.shape[1:])  # (head, pair, 2, ...)
+    return w.swapaxes(1, 2).reshape(weights.shape)  # (head, 2, pair, ...) -> (rows, ...)
+
+
+def hf_tensor_name(name: str) -> str:
+    """llama.cpp tensor name → HF: "blk.3.attn_q.weight" -> "model.layers.3.self_attn.q_proj.weight"."""
+    if name in TENSOR_NAMES:
+        return TENSOR_NAMES[name]
+    parts = name.split(".", 2)
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in TENSOR_NAMES:
+        return f"model.layers.{parts[1]}.{TENSOR_NAMES[parts[2]]}"
+    raise GGUFError(f"GGUF tensor {name!r} has no HF equivalent in nexttok's table")
+
+
+def hf_tensors(reader, config: dict) -> Iterator[tuple[str, np.ndarray]]:
+    """Yield (HF name, float32 array) for every tensor, dequantized and un-permuted."""
+    import numpy as np
+    from gguf import quants
+
+    permute = config["model_type"] == "llama"
+    for tensor in reader.tensors:
+        name = hf_tensor_name(tensor.name)
+        try:
+            array = quants.dequantize(tensor.data, tensor.tensor_type)
+        except Exception as e:
+            raise GGUFError(f"cannot dequantize GGUF tensor {tensor.name!r} "
+                            f"({tensor.tensor_type.name}): {e}") from None
+        expected = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists dims innermost first
+        array = np.ascontiguousarray(array.reshape(expected), dtype=np.float32)
+        if permute and ".q_proj.weight" in name:
+            array = _unpermute(array, config["num_attention_heads"])
+        elif permute and ".k_proj.weight" in name:
+            array = _unpermute(array, config["num_key_value_heads"])
+        yield name, array
+
+
+def hf_tokenizer(meta: dict) -> tuple[dict, dict]:
+    """(tokenizer.json, tokenizer_config.json) for a byte-level BPE ("gpt2") GGUF tokenizer."""
+    model = meta.get("tokenizer.ggml.model")
+    if model != "gpt2":
+        raise GGUFError(f"GGUF tokenizer model {model!r} is not supported (only byte-level BPE, 'gpt2')")
+    pre = meta.get("tokenizer.ggml.pre", "default")
+    if pre not in PRE_TOKENIZERS:
+        known = ", ".join(sorted(PRE_TOKENIZERS))
+        raise GGUFError(f"GGUF pre-tokenizer {pre!r} is not known (known: {known})")
+    tokens, types = meta["tokenizer.ggml.tokens"], meta.get("tokenizer.ggml.token_type")
+    types = types or [1] * len(tokens)
+    # llama.cpp token types: 1 normal, 3 control (special), 4 user-defined (added, not special)
+    added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": kind == 3}
+             for i, (t, kind) in enumerate(zip(tokens, types, strict=True)) if kind in (3, 4)]
+    pre_tokenizer, normalizer = PRE_TOKENIZERS[pre]
+    bos = meta.get("tokenizer.ggml.bos_token_id")
+    tokenizer = {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+        "normalizer": normalizer, "pre_tokenizer": pre_tokenizer,
+        "post_processor": _bos_template(tokens[bos], bos) if meta.get("tokenizer.ggml.add_bos_token")
+        and bos is not None else None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+                  "ignore_merges": pre.startswith("llama"),
+                  "vocab": {t: i for i, t in enumerate(tokens)},
+                  "merges": list(meta.get("tokenizer.ggml.merges") or [])},
+    }
+    return tokenizer, _tokenizer_config(meta, tokens)
+
+
+def _tokenizer_config(meta: dict, tokens: list[str]) -> dict:
+    """tokenizer_config.json: the special tokens by name, and the chat template when there is one."""
+    config = {}
+    for name in ("bos", "eos", "unk", "pad"):
+        token_id = meta.get(f"tokenizer.ggml.{name}_token_id")
+        if token_id is not None:
+            config[f"{name}_token"] = tokens[token_id]
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    if isinstance(meta.get("tokenizer.chat_template"), str):
+        config["chat_template"] = meta["tokenizer.chat_template"]
+    return config
+
+
+def _bos_template(bos: str, bos_id: int) -> dict:
+    return {"type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                     {"SpecialToken": {"id": bos, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {bos: {"id": bos, "ids": [bos_id], "tokens": [bos]}}}
