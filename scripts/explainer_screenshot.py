@@ -30,6 +30,7 @@ def main() -> None:
         page = browser.new_page(viewport={"width": 1280, "height": 1000})
         page.goto(server.url + "/")
         page.fill("#prompt", "The capital of France is")
+        page.wait_for_selector("#dials[data-ready] #top_p")  # the dials' ranges come from the server
         page.eval_on_selector("#top_p", "el => { el.value = '0.9'; el.dispatchEvent(new Event('input')); }")
         page.click("#start")
         page.wait_for_selector("#tokens .chip")

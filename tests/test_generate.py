@@ -8,10 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nexttok.config import ModelConfig
-from nexttok.generate import StopStrings, generate, stream
+from nexttok.errors import InvalidParameter
+from nexttok.generate import Generation, StopStrings, generate, stream
+from nexttok.loading import load_model
 from nexttok.sampling import SamplingParams
 from nexttok.tokenizer import bytes_to_unicode
-from nexttok.weights import load_model
 from tiny_models import write_tiny
 
 GREEDY = SamplingParams(temperature=0)
@@ -165,3 +166,19 @@ def test_bad_arguments(gpt2, tiny):
         generate(ours, gpt2, [1] * 300)
     with pytest.raises(ValueError, match="prompt token ids must be integers in 0..127"):
         generate(ours, gpt2, [500])
+
+
+def test_logit_bias_is_checked_against_the_vocabulary_when_the_generation_is_made(gpt2, tiny):
+    _, ours = tiny
+    with pytest.raises(InvalidParameter, match="logit_bias token id 128 is outside the vocabulary \\(0..127\\)"):
+        Generation(ours.config, gpt2, [1], SamplingParams(logit_bias={128: 1.0}))  # no sample() needed
+
+
+def test_a_text_prompt_is_encoded_once(gpt2, monkeypatch):
+    calls = []
+    encode = gpt2.encode
+    monkeypatch.setattr(gpt2, "encode", lambda *args, **kwargs: calls.append(args) or encode(*args, **kwargs))
+    prompt_len = len(encode("Q:", add_special=True))
+    completion = generate(ScriptedModel(encode(" yes"), prompt_len), gpt2, "Q:", GREEDY, max_tokens=1)
+    assert completion.text == " yes" and completion.prompt_tokens == prompt_len
+    assert calls == [("Q:",)]

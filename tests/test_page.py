@@ -1,13 +1,22 @@
-"""The explainer page in headless Chromium (Debian's /usr/bin/chromium, driven by Playwright)."""
+"""The explainer page in headless Chromium (Debian's /usr/bin/chromium, driven by Playwright).
+
+What the page shows after a dial moves is checked against nexttok.sampling run here on the same
+logits: the probabilities after the chain, each stage's kept count and entropy, the cut rows and
+the token the step's draw picks."""
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import shutil
+import warnings
 
 import pytest
+import torch
 
 from live_server import LiveServer
+from nexttok.sampling import SamplerChain, SamplingParams
 from nexttok.server import create_app, load_served
 from tiny_models import write_chat_model
 
@@ -15,14 +24,18 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync"]
 PROMPT = "The capital of France is"
+NEUTRAL = {"temperature": 1, "top_k": 0, "top_p": 1, "min_p": 0, "repetition_penalty": 1, "presence_penalty": 0,
+           "frequency_penalty": 0}
 
 
 @pytest.fixture(scope="module")
 def browser():
     if not os.path.exists(CHROMIUM):
-        if os.environ.get("CI"):
-            pytest.fail(f"{CHROMIUM} is missing in CI (scripts/setup.sh test installs Debian's chromium)")
-        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+        hint = f"{CHROMIUM} is missing: apt-get install -y chromium (scripts/setup.sh test does it)"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"the explainer page cannot be tested in CI: {hint}")
+        warnings.warn(f"THE EXPLAINER PAGE IS NOT TESTED: {hint}", pytest.PytestWarning, stacklevel=1)
+        pytest.skip(f"THE EXPLAINER PAGE IS NOT TESTED: {hint}")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
@@ -40,52 +53,147 @@ def live(tmp_path_factory, gpt2_dir):
         yield server, served
 
 
-def _set_dial(page, name: str, value: str) -> None:
-    page.eval_on_selector(f"#{name}", "(el, v) => { el.value = v; el.dispatchEvent(new Event('input')); }", value)
+def _set_dial(page, name: str, value) -> None:
+    page.eval_on_selector(f"#{name}", "(el, v) => { el.value = v; el.dispatchEvent(new Event('input')); }",
+                          str(value))
 
 
-def test_explainer_page(browser, live, tmp_path):
+def _set_dials(page, settings: dict) -> dict:
+    """Move dials; wait until the page shows the server's answer for exactly these settings."""
+    for name, value in settings.items():
+        _set_dial(page, name, value)
+    page.wait_for_function("""(want) => {
+        const shown = document.querySelector('#table').dataset.dials;
+        if (!shown) return false;
+        const got = JSON.parse(shown);
+        return Object.entries(want).every(([k, v]) => got[k] === v);
+    }""", arg=settings)
+    return json.loads(page.get_attribute("#table", "data-dials"))
+
+
+def _check_against_sampling(page, served, prompt_ids: list[int], step_draw: float) -> None:
+    """The page's rows, stages and pick equal SamplerChain's on the step's logits, with its u."""
+    shown = json.loads(page.get_attribute("#table", "data-dials"))
+    params = SamplingParams(**shown)
+    generated = [int(x) for x in page.locator("#tokens .chip.generated").evaluate_all("els => els.map(e => e.dataset.id)")]
+    path = generated[:-1]  # the table belongs to the step that made the last token
+    with torch.inference_mode():
+        logits = served.model(torch.tensor([prompt_ids + path]))[0, -1].float()
+    chain = SamplerChain.from_params(params, served.model.config.vocab_size, prompt_ids)
+    for token in path:
+        chain.accept(token)
+    records: list = []
+    token, final, u = chain.sample(logits, records, None if chain.greedy else step_draw)
+    q = final.softmax(-1)
+    rows = page.locator("#table tbody tr:not(.rest)").evaluate_all(
+        "els => els.map(e => [Number(e.dataset.id), Number(e.dataset.q), e.classList.contains('cut'), "
+        "e.querySelector('.final-p').textContent])")
+    assert len(rows) == 10
+    for token_id, shown_q, cut, text in rows:
+        assert shown_q == pytest.approx(float(q[token_id]), abs=1e-5), (token_id, shown)
+        assert cut == (float(q[token_id]) == 0)
+        if cut:
+            assert text == f"cut by {next(r.name for r in records if token_id in r.cut)}"
+    stages = page.locator("#stages li").evaluate_all(
+        "els => els.map(e => [e.dataset.stage, Number(e.dataset.kept), Number(e.dataset.entropy)])")
+    assert [s[0] for s in stages] == [r.name for r in records] + ["draw"]
+    assert [s[1] for s in stages[:-1]] == [r.kept for r in records]
+    assert [s[2] for s in stages[:-1]] == pytest.approx([r.entropy for r in records], abs=1e-4)
+    assert int(page.get_attribute("#redraw", "data-token")) == token
+    draw = page.get_attribute("#redraw", "data-draw")
+    assert (draw == "") if u is None else (float(draw) == step_draw)
+
+
+def _ink(browser, png: bytes) -> tuple[float, int]:
+    """(share of pixels unlike the top-left one, distinct colours) of a PNG, decoded by the browser."""
+    page = browser.new_page()
+    page.set_content(f'<img id="shot" src="data:image/png;base64,{base64.b64encode(png).decode()}">')
+    page.wait_for_function("document.getElementById('shot').complete")
+    result = page.evaluate("""() => {
+        const img = document.getElementById('shot'), canvas = document.createElement('canvas');
+        canvas.width = img.naturalWidth; canvas.height = img.naturalHeight;
+        const context = canvas.getContext('2d');
+        context.drawImage(img, 0, 0);
+        const d = context.getImageData(0, 0, canvas.width, canvas.height).data;
+        let ink = 0;
+        const colours = new Set();
+        for (let i = 0; i < d.length; i += 4) {
+            if (d[i] !== d[0] || d[i + 1] !== d[1] || d[i + 2] !== d[2]) ink++;
+            colours.add((d[i] << 16) | (d[i + 1] << 8) | d[i + 2]);
+        }
+        return [ink / (d.length / 4), colours.size];
+    }""")
+    page.close()
+    return result[0], result[1]
+
+
+def _start_and_step(page, server, served, steps: int) -> list[int]:
+    page.goto(server.url + "/")
+    page.wait_for_selector("#dials[data-ready] #temperature")
+    page.fill("#prompt", PROMPT)
+    page.click("#start")
+    page.wait_for_selector("#tokens .chip.prompt")
+    for n in range(1, steps + 1):
+        page.click("#step")
+        page.wait_for_function(f"document.querySelectorAll('#tokens .chip.generated').length === {n}")
+    return served.tokenizer.encode(PROMPT)
+
+
+def test_explainer_page(browser, live):
     server, served = live
     page = browser.new_page(viewport={"width": 1280, "height": 1000})
     errors: list[str] = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(server.url + "/")
-    page.fill("#prompt", PROMPT)
-    page.click("#start")
-    page.wait_for_selector("#tokens .chip.prompt")
+    ids = _start_and_step(page, server, served, 3)
 
-    ids = served.tokenizer.encode(PROMPT)
     chips = page.locator("#tokens .chip.prompt")
     assert chips.count() == len(ids)
     assert [int(chips.nth(i).get_attribute("data-id")) for i in range(len(ids))] == ids
     assert chips.nth(1).inner_text() == " capital"
     assert f"id {ids[1]}" in chips.nth(1).get_attribute("title") and "bytes 20 63" in chips.nth(1).get_attribute("title")
 
-    for n in range(1, 4):
-        page.click("#step")
-        page.wait_for_function(f"document.querySelectorAll('#tokens .chip.generated').length === {n}")
     rows = page.locator("#table tbody tr:not(.rest)")
     assert rows.count() == 10
-    assert page.locator("#table tbody tr.chosen").count() <= 1  # the pick may rank below 10th
+    chosen = int(page.locator("#tokens .chip.generated").last.get_attribute("data-id"))
+    listed = [int(rows.nth(i).get_attribute("data-id")) for i in range(10)]
+    assert page.locator("#table tbody tr.chosen").count() == (1 if chosen in listed else 0)
+    if chosen in listed:
+        assert int(page.get_attribute("#table tbody tr.chosen", "data-id")) == chosen
     assert "everything else" in page.locator("#table tbody tr.rest").inner_text()
     assert "rank" in page.inner_text("#chosen") and "draw u" in page.inner_text("#chosen")
-    assert page.locator("#stages li").count() == 6  # raw, top-k, top-p, min-p, temperature, draw
     assert "tokens/s" in page.inner_text("#timing")
     assert page.locator("#attention .att").count() == len(ids) + 2  # keys of the last step
+    draw = float(page.get_attribute("#redraw", "data-draw"))
+    assert 0 <= draw < 1 and f"draw u = {draw:.3f}" in page.inner_text("#chosen")
+    _check_against_sampling(page, served, ids, draw)  # as stepped: the neutral dials build no stage
 
-    before = page.locator("#table .final-p").all_inner_texts()
-    _set_dial(page, "temperature", "0.3")
-    after = page.locator("#table .final-p").all_inner_texts()
-    assert after != before  # re-drawn from the cached logits, no model call
-    _set_dial(page, "top_k", "3")
-    assert page.locator("#table tbody tr.cut").count() >= 7  # top-k 3 cuts all but three rows
-    _set_dial(page, "top_k", "0")
+    for settings in ({"temperature": 0.3}, {"temperature": 1, "top_k": 3}, {"top_k": 0, "top_p": 0.5, "min_p": 0.1},
+                     {"top_p": 1, "min_p": 0, "repetition_penalty": 1.8, "presence_penalty": 1, "temperature": 0.7},
+                     {"temperature": 0, "frequency_penalty": -1.5}):
+        _set_dials(page, settings)
+        _check_against_sampling(page, served, ids, draw)
+        if settings.get("top_k") == 3:
+            assert page.locator("#table tbody tr.cut").count() >= 7  # top-k 3 cuts all but three rows
 
-    chosen_before = page.locator("#tokens .chip.generated").last.get_attribute("data-id")
+    for _ in range(5):  # temperature first: ↑ five times
+        page.click("#order li[data-stage=temperature] button")
+    order = page.locator("#order li").evaluate_all("els => els.map(e => e.dataset.stage)")
+    assert order == ["temperature", "penalties", "logit_bias", "top_k", "top_p", "min_p"]
+    for value in (0.2, 0.4, 0.6, 0.8):  # quick moves: debounced, and only the last answer is shown
+        _set_dial(page, "top_p", value)
+    shown = _set_dials(page, {"temperature": 0.5, "top_p": 0.6, "repetition_penalty": 1.5})
+    assert shown["order"] == order
+    page.wait_for_timeout(400)
+    assert json.loads(page.get_attribute("#table", "data-dials")) == shown
+    _check_against_sampling(page, served, ids, draw)
+    names = page.locator("#stages li").evaluate_all("els => els.map(e => e.dataset.stage)")
+    assert names == ["raw", "temperature", "penalties", "top_p", "draw"]
+    _set_dials(page, NEUTRAL)
+
     alternative = page.locator("#table tbody tr:not(.chosen):not(.rest)").first
     alt_id = alternative.get_attribute("data-id")
-    assert alt_id != chosen_before
+    assert int(alt_id) != chosen
     alternative.click()
     page.wait_for_function(
         f"document.querySelector('#tokens .chip.generated:last-child').dataset.id === '{alt_id}'")
@@ -94,7 +202,11 @@ def test_explainer_page(browser, live, tmp_path):
 
     page.click("#step")
     page.wait_for_function("document.querySelectorAll('#tokens .chip.generated').length === 4")
-    shot = tmp_path / "explainer.png"
-    page.screenshot(path=str(shot), full_page=True)
-    assert shot.stat().st_size > 10_000
+    page.wait_for_function("document.querySelector('#table').dataset.dials !== undefined")
+    _check_against_sampling(page, served, ids, float(page.get_attribute("#redraw", "data-draw")))
+    ink, colours = _ink(browser, page.screenshot(full_page=True))
+    assert ink > 0.05 and colours > 50, (ink, colours)
+    for part in ("#tokens", "#dials", "#table", "#stages", "#attention", "#tree", "#timing"):
+        assert page.locator(part).is_visible(), part
+        assert _ink(browser, page.locator(part).screenshot())[0] > 0.02, part
     assert not errors, errors

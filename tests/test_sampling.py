@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
 
 from nexttok.sampling import (
+    PARAMETERS,
     History,
     LogitBias,
     MinP,
@@ -17,6 +19,7 @@ from nexttok.sampling import (
     Temperature,
     TopK,
     TopP,
+    check_token_ids,
     entropy_bits,
     pick,
 )
@@ -122,15 +125,18 @@ def test_stages_match_hf_logits_processors(seed):
     ({"temperature": "hot"}, "temperature must be a number >= 0"),
     ({"top_p": 0.0}, "top_p must be in \\(0, 1\\], got 0.0"),
     ({"top_p": 1.5}, "top_p must be in \\(0, 1\\]"),
-    ({"top_k": -1}, "top_k must be an integer >= 0"),
+    ({"top_k": -1}, "top_k must be an integer >= 0, got -1"),
     ({"top_k": 2.5}, "top_k must be an integer >= 0"),
     ({"min_p": 1.1}, "min_p must be in \\[0, 1\\]"),
-    ({"repetition_penalty": 0.0}, "repetition_penalty must be a number > 0"),
+    ({"repetition_penalty": 0.0}, "repetition_penalty must be in \\(0, 100\\], got 0.0"),
+    ({"repetition_penalty": 101.0}, "repetition_penalty must be in \\(0, 100\\], got 101.0"),
     ({"presence_penalty": 2.5}, "presence_penalty must be in \\[-2, 2\\]"),
     ({"frequency_penalty": -3}, "frequency_penalty must be in \\[-2, 2\\]"),
     ({"logit_bias": {"5": 1.0}}, "logit_bias keys must be token ids"),
     ({"logit_bias": {5: 200.0}}, "logit_bias\\[5\\] must be in \\[-100, 100\\]"),
-    ({"seed": -1}, "seed must be an integer in \\[0, 2\\*\\*63\\)"),
+    ({"seed": -1}, "seed must be an integer in \\[0, 2\\*\\*63\\), got -1"),
+    ({"seed": 2**63}, "seed must be an integer in \\[0, 2\\*\\*63\\)"),
+    ({"seed": True}, "seed must be an integer"),
     ({"order": ["top_k", "magic"]}, "order must list distinct stages"),
     ({"order": ["top_k", "top_k"]}, "order must list distinct stages"),
 ])
@@ -142,11 +148,11 @@ def test_bad_params_name_the_parameter(changes, message):
 def test_non_finite_logits_are_refused():
     chain = SamplerChain.from_params(SamplingParams(seed=0), 3)
     with pytest.raises(ValueError, match="1 NaN/\\+inf logits"):
-        chain.sample(torch.tensor([0.0, float("nan"), 1.0]), NO_HISTORY)
+        chain.sample(torch.tensor([0.0, float("nan"), 1.0]))
     with pytest.raises(ValueError, match="NaN/\\+inf"):
-        chain.sample(torch.tensor([0.0, float("inf"), 1.0]), NO_HISTORY)
+        chain.sample(torch.tensor([0.0, float("inf"), 1.0]))
     with pytest.raises(ValueError, match="every token has -inf logit"):
-        chain.sample(torch.full((3,), float("-inf")), NO_HISTORY)
+        chain.sample(torch.full((3,), float("-inf")))
 
 
 def test_pick_walks_tokens_by_probability():
@@ -165,7 +171,7 @@ def test_sampled_frequencies_match_softmax():
     n = 20_000
     counts = torch.zeros(8)
     for _ in range(n):
-        counts[chain.sample(logits, NO_HISTORY)[0]] += 1
+        counts[chain.sample(logits)[0]] += 1
     chi2 = float((((counts - n * expected) ** 2) / (n * expected)).sum())
     assert chi2 < 24.3, f"chi-square {chi2:.1f} over 7 degrees of freedom (p < 0.001 would fail)"
 
@@ -175,7 +181,7 @@ def test_same_seed_same_draws_and_other_seed_differs():
 
     def draws(seed):
         chain = SamplerChain.from_params(SamplingParams(temperature=1.3, top_p=0.9, seed=seed), 50)
-        return [chain.sample(logits, NO_HISTORY)[0] for _ in range(40)]
+        return [chain.sample(logits)[0] for _ in range(40)]
 
     assert draws(7) == draws(7)
     assert draws(7) != draws(8)
@@ -184,9 +190,70 @@ def test_same_seed_same_draws_and_other_seed_differs():
 def test_recording_each_stage():
     chain = SamplerChain.from_params(SamplingParams(temperature=0.5, top_k=3, top_p=0.9, seed=0), 6)
     record: list = []
-    chain.sample(torch.tensor([3.0, 2.0, 1.0, 0.0, -1.0, -2.0]), NO_HISTORY, record)
+    chain.sample(torch.tensor([3.0, 2.0, 1.0, 0.0, -1.0, -2.0]), record)
     assert [r.name for r in record] == ["raw", "top_k", "top_p", "temperature"]
     assert [r.kept for r in record][:2] == [6, 3]
     assert record[-1].top_probs[0] > record[0].top_probs[0]
     assert math.isclose(sum(record[1].top_probs), 1.0, rel_tol=1e-6)
     assert entropy_bits(torch.tensor([0.5, 0.5])) == pytest.approx(1.0)
+    assert record[0].cut == [] and record[1].cut == [3, 4, 5]  # top_k 3 cut these of the model's top
+    assert record[2].cut == [2] and record[2].kept == 2 and record[3].cut == []  # top_p 0.9: p(2) = 0.09
+
+
+def test_the_chain_holds_the_history_it_is_told():
+    params = SamplingParams(temperature=0, repetition_penalty=4.0, presence_penalty=1.0)
+    logits = torch.tensor([3.0, 2.9, 2.0, 1.0])
+    chain = SamplerChain.from_params(params, 4, prompt_ids=[1])
+    assert chain.sample(logits)[0] == 0  # token 1 is in the prompt: 2.9 / 4
+    chain.accept(0)
+    token, final, u = chain.sample(logits)
+    history = History.start([1], 4)
+    history.add(0)
+    assert final.tolist() == Penalties(4.0, 1.0, 0.0)(logits, history).tolist()
+    assert token == 2 and u is None  # 0 and 1 are penalized now; nothing accepted twice
+    assert chain.history.generated_counts.tolist() == [1, 0, 0, 0]
+
+
+def test_a_given_draw_is_used_and_leaves_the_stream_alone():
+    logits = torch.randn(30, generator=torch.Generator().manual_seed(3))
+    params = SamplingParams(temperature=0.8, top_k=10, seed=42)
+    given = SamplerChain.from_params(params, 30)
+    for u in (0.0, 0.25, 0.5, 0.999):
+        token, final, used = given.sample(logits, u=u)
+        assert used == u and token == pick(final, u)
+    untouched = SamplerChain.from_params(params, 30)
+    assert [given.sample(logits)[2] for _ in range(3)] == [untouched.sample(logits)[2] for _ in range(3)]
+    with pytest.raises(ValueError, match="a draw must be in \\[0, 1\\), got 1.5"):
+        given.sample(logits, u=1.5)
+    greedy = SamplerChain.from_params(SamplingParams(temperature=0), 30)
+    token, _, used = greedy.sample(logits, u=0.99)
+    assert token == int(logits.argmax()) and used is None
+
+
+def test_vocabulary_check_is_one_function():
+    check_token_ids({3: 1.0}, 4)
+    with pytest.raises(ValueError, match="logit_bias token id 4 is outside the vocabulary \\(0..3\\)"):
+        check_token_ids({4: 1.0}, 4)
+    with pytest.raises(ValueError, match="logit_bias token id 7 is outside"):
+        SamplerChain.from_params(SamplingParams(logit_bias={7: 1.0}), 4)
+
+
+@pytest.mark.parametrize("name", ["temperature", "top_k", "top_p", "min_p", "repetition_penalty",
+                                  "presence_penalty", "frequency_penalty", "seed"])
+def test_the_table_is_what_validate_enforces(name):
+    bound = PARAMETERS[name]
+    if bound.default is not None:
+        assert getattr(SamplingParams(), name) == bound.default
+    step = 1 if bound.integer else 1e-3
+    edges = [(bound.low, not bound.low_open), (bound.low - step, False)]
+    if bound.high != math.inf:
+        edges += [(bound.high, not bound.high_open), (bound.high + step, False)]
+    for value, ok in edges:
+        value = int(value) if bound.integer else float(value)
+        if ok:
+            SamplingParams(**{name: value})
+        else:
+            with pytest.raises(ValueError, match=re.escape(f"{name} must be {bound.allowed()}, got {value!r}")):
+                SamplingParams(**{name: value})
+    assert bound.limits() == {("gt" if bound.low_open else "ge"): bound.low,
+                              **({} if bound.high == math.inf else {("lt" if bound.high_open else "le"): bound.high})}

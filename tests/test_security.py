@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from live_server import LiveServer
 from nexttok import tokenizer as tokenizer_module
-from nexttok.sampling import History, SamplerChain, SamplingParams
+from nexttok.sampling import SamplerChain, SamplingParams
 from nexttok.server import ServerLimits, create_app, load_served
 from tiny_models import write_chat_model
 
@@ -82,7 +82,7 @@ def test_sampler_always_returns_a_kept_token(logits, temperature, top_p, top_k, 
     values = torch.tensor(logits)
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed)
     chain = SamplerChain.from_params(params, len(logits))
-    token, final, _ = chain.sample(values, History.start([], len(logits)))
+    token, final, _ = chain.sample(values)
     assert 0 <= token < len(logits)
     assert final[token] > -math.inf
     if temperature < 1e-5:  # greedy
@@ -97,9 +97,9 @@ def test_sampler_refuses_non_finite_logits(logits):
     broken = bool(torch.isnan(values).any() or (values == math.inf).any() or (values == -math.inf).all())
     if broken:
         with pytest.raises(ValueError, match="NaN|inf"):
-            chain.sample(values, History.start([], len(logits)))
+            chain.sample(values)
     else:
-        token, _, _ = chain.sample(values, History.start([], len(logits)))
+        token, _, _ = chain.sample(values)
         assert values[token] > -math.inf
 
 

@@ -2,10 +2,15 @@
 
 The page (and anything else) asks for one step; the session runs the model on whatever part of
 the chosen path the KV cache does not hold yet (the whole prompt the first time, one token after
-that), samples with the dials it is given, and returns the Step record plus what a viewer needs
-to re-draw the distribution itself: the raw logits, the uniform draw u, the attention of the
-last position, and the timings. Any node of the tree can be continued with any token (a branch);
-the cache keeps the longest prefix it shares with the new path and recomputes only the rest.
+that), samples with the dials it is given, and returns the Step record plus what a viewer shows:
+the raw logits, the probabilities after the sampler chain, the attention of the last position, and
+the timings. `redraw` re-runs the chain on a node's cached logits with other dials (no model call).
+Any node of the tree can be continued with any token (a branch); the cache keeps the longest
+prefix it shares with the new path and recomputes only the rest.
+
+Sampling goes through exactly the generation loop's path: a SamplerChain built from the params and
+the prompt, told the node's path with `accept`, sampling with the node's uniform draw u; the Step
+is made by generate.build_step.
 """
 
 from __future__ import annotations
@@ -19,8 +24,11 @@ import torch
 
 from nexttok.cache import KVCache
 from nexttok.errors import InvalidParameter
-from nexttok.generate import RawStep, Step, make_step, prompt_ids_for
-from nexttok.sampling import History, SamplerChain, SamplingParams, check_logits, pick
+from nexttok.generate import Step, build_step, prompt_ids_for
+from nexttok.models import Model
+from nexttok.models.attention import AttentionCapture
+from nexttok.sampling import SamplerChain, SamplingParams, StageRecord, Uniforms
+from nexttok.tokenizer import Tokenizer
 
 MAX_NODES = 2000
 KEPT_DISTRIBUTIONS = 64  # nodes whose logits stay in memory for re-drawing (older ones recompute)
@@ -35,7 +43,7 @@ class Node:
     token_id: int | None  # the token that leads here from the parent (None for the root)
     depth: int  # generated tokens on the path
     children: list[int] = field(default_factory=list)
-    draw: float | None = None  # the uniform number used when stepping from here (kept for comparisons)
+    draw: float | None = None  # the uniform number of draws from here (kept: dials compare like with like)
 
 
 @dataclass
@@ -47,8 +55,19 @@ class Forward:
     prefill: bool
 
 
+@dataclass
+class Sampled:
+    """One run of the sampler chain on a node's logits."""
+
+    token_id: int  # what the chain picked (a branch may continue with another token)
+    final: torch.Tensor  # (vocab,) logits after the chain
+    draw: float | None  # u, or None when greedy
+    stages: list[StageRecord]
+    seconds: float
+
+
 class ExplainSession:
-    def __init__(self, model, tokenizer, prompt: str | list[int], *, max_len: int = 1024,
+    def __init__(self, model: Model, tokenizer: Tokenizer, prompt: str | list[int], *, max_len: int = 1024,
                  seed: int | None = None):
         self.model, self.tokenizer = model, tokenizer
         config = model.config
@@ -59,11 +78,11 @@ class ExplainSession:
         self.cached: list[int] = []  # the tokens whose keys/values the cache holds, in order
         self.nodes: dict[int, Node] = {0: Node(0, None, None, 0)}
         self.current = 0
-        self.generator = torch.Generator()
-        if seed is None:
-            self.generator.seed()
-        else:
-            self.generator.manual_seed(seed)
+        # Each node's u is taken, the first time a draw from it needs one, from the same seeded stream
+        # a SamplerChain draws from. So a session walking one path with one seed uses exactly the u's
+        # that generate() with that seed uses (and picks the same tokens), while a node keeps its u
+        # when it is stepped again or re-drawn with other dials.
+        self.uniforms = Uniforms(seed)
         self._forwards: OrderedDict[int, Forward] = OrderedDict()  # node -> its distribution
 
     # -- the tree ----------------------------------------------------------------------------
@@ -113,48 +132,75 @@ class ExplainSession:
         shared = min(shared, len(tokens) - 1)  # at least the last token goes through the model
         self.cache.truncate(shared)
         pending = torch.tensor([tokens[shared:]], device=self.cache.k.device)
-        attention: list = []
+        capture = AttentionCapture()
         start = time.perf_counter()
         with torch.inference_mode():
-            logits = self.model(pending, self.cache, attention_out=attention, last_only=True)[0, -1].float()
+            logits = self.model(pending, self.cache, capture=capture, last_only=True)[0, -1].float()
         seconds = time.perf_counter() - start
         self.cached = tokens
-        result = Forward(logits, [a[0] for a in attention], len(tokens) - shared, seconds, shared == 0)
+        result = Forward(logits, [a[0] for a in capture.last_query], len(tokens) - shared, seconds, shared == 0)
         self._forwards[node_id] = result
         if len(self._forwards) > KEPT_DISTRIBUTIONS:
             self._forwards.popitem(last=False)
         return result
+
+    # -- sampling ----------------------------------------------------------------------------
+
+    def sample(self, params: SamplingParams, node_id: int) -> Sampled:
+        """The sampler chain of `params` on node_id's logits, as Generation runs it: the chain
+        starts from the prompt, accepts the node's path, and draws with the node's u."""
+        node, forward = self.node(node_id), self.forward(node_id)
+        start = time.perf_counter()
+        chain = SamplerChain.from_params(params, self.model.config.vocab_size, self.prompt_ids,
+                                         forward.logits.device)
+        for token in self.path(node.id):
+            chain.accept(token)
+        if not chain.greedy and node.draw is None:
+            node.draw = self.uniforms.next()
+        stages: list[StageRecord] = []
+        token, final, u = chain.sample(forward.logits, stages, None if chain.greedy else node.draw)
+        return Sampled(token, final, u, stages, time.perf_counter() - start)
 
     def step(self, params: SamplingParams, node_id: int | None = None, token_id: int | None = None,
              top_n: int = 10) -> dict:
         """One token from node_id (default: the current node): sampled with params, or token_id
         when given (continue with an alternative). The new node becomes current."""
         node = self.node(self.current if node_id is None else node_id)
-        forward = self.forward(node.id)
-        check_logits(forward.logits)
-        if node.draw is None:
-            node.draw = float(torch.rand((), generator=self.generator))
-        chain = SamplerChain.from_params(params, self.model.config.vocab_size)
-        history = History.start(self.prompt_ids, self.model.config.vocab_size)
-        for t in self.path(node.id):
-            history.add(t)
-        stages: list = []
-        final = chain(forward.logits, history, stages)
-        chosen = token_id if token_id is not None else (
-            int(torch.argmax(final)) if chain.greedy else pick(final, node.draw))
-        child = self.child(node.id, chosen)
+        sampled = self.sample(params, node.id)
+        child = self.child(node.id, sampled.token_id if token_id is None else token_id)
         self.current = child.id
-        return self._view(node, child, forward, final, stages, top_n)
-
-    def _view(self, node: Node, child: Node, forward: Forward, final, stages, top_n: int) -> dict:
-        raw = RawStep(child.token_id, forward.logits, final, node.draw, forward.seconds, forward.prefill, stages)
-        step: Step = make_step(self.tokenizer, raw, node.depth, "", None, top_n)
+        forward = self.forward(node.id)
         return {
-            "node": node.id, "child": child.id, "step": step,
-            "logits": base64.b64encode(forward.logits.numpy().astype("<f4").tobytes()).decode(),
+            "node": node.id, "child": child.id, "step": self._step(node, child.token_id, sampled, top_n),
+            "rows": self._rows(forward, sampled, top_n),
+            "logits": base64.b64encode(forward.logits.cpu().numpy().astype("<f4").tobytes()).decode(),
             "attention": [[[round(float(w), 4) for w in head] for head in layer] for layer in forward.attention],
             "timing": {"tokens": forward.tokens, "seconds": forward.seconds, "prefill": forward.prefill},
         }
+
+    def redraw(self, params: SamplingParams, node_id: int, top_n: int = 10) -> dict:
+        """Other dials on node_id's cached logits (no new node, usually no model call): the Step a
+        step from there would make now (the token the node's u picks, what each stage kept and
+        cut), and the model's top tokens with their probabilities after the chain."""
+        node = self.node(node_id)
+        sampled = self.sample(params, node.id)
+        return {"node": node.id, "step": self._step(node, sampled.token_id, sampled, top_n),
+                "rows": self._rows(self.forward(node.id), sampled, top_n)}
+
+    def _step(self, node: Node, token_id: int, sampled: Sampled, top_n: int) -> Step:
+        forward = self.forward(node.id)
+        return build_step(self.tokenizer, token_id, forward.logits, sampled.final, sampled.draw, index=node.depth,
+                          elapsed=forward.seconds + sampled.seconds, prefill=forward.prefill,
+                          stages=sampled.stages, top_n=top_n)
+
+    def _rows(self, forward: Forward, sampled: Sampled, n: int) -> list[dict]:
+        """The model's n most likely tokens: probability before (p) and after (q) the chain."""
+        p, q = forward.logits.softmax(-1), sampled.final.softmax(-1)
+        top = torch.topk(p, min(n, p.shape[-1]))
+        return [{"id": i, "text": self._text(i), "p": float(p[i]), "q": float(q[i])} for i in top.indices.tolist()]
+
+    def _text(self, token_id: int) -> str:
+        return self.tokenizer.pieces([token_id])[0].text
 
     def goto(self, node_id: int) -> None:
         """Make node_id current: the next step continues from there."""
@@ -162,7 +208,7 @@ class ExplainSession:
 
     def tree(self) -> list[dict]:
         return [{"id": n.id, "parent": n.parent, "token_id": n.token_id, "depth": n.depth,
-                 "text": self.tokenizer.pieces([n.token_id])[0].text if n.token_id is not None else "",
+                 "text": self._text(n.token_id) if n.token_id is not None else "",
                  "children": list(n.children)} for n in self.nodes.values()]
 
     def text(self, node_id: int) -> str:

@@ -1,8 +1,12 @@
 """The autoregressive loop, in three layers.
 
-generate_step  prefill the prompt, then one token per step through the KV cache (ids only)
-stream         a typed Step per token: text delta, logprobs, alternatives, timing, finish_reason
+generate_step  prefill the prompt, then one token per step through the KV cache, yielding the Step
+               that Generation.sample makes of each: text delta, logprobs, alternatives, timing,
+               finish_reason
+stream         the same from a prompt (text or ids) and sampling settings
 generate       the whole completion as a string, with usage
+
+build_step is the one place a Step is made from a sampled token; the explainer uses it too.
 
 Stops: a stop token id (EOS), a stop string (text that might be the start of one is held back; the
 stop string itself is never emitted), max_tokens, or the context window being full (finish_reason
@@ -18,9 +22,11 @@ from dataclasses import dataclass, field
 import torch
 
 from nexttok.cache import KVCache
+from nexttok.config import ModelConfig
 from nexttok.detokenizer import IncrementalDetokenizer
 from nexttok.errors import InvalidParameter
-from nexttok.sampling import History, SamplerChain, SamplingParams, StageRecord
+from nexttok.models import Model
+from nexttok.sampling import SamplerChain, SamplingParams, StageRecord, check_token_ids
 from nexttok.tokenizer import Tokenizer
 
 
@@ -61,33 +67,22 @@ class Completion:
     steps: list[Step] = field(default_factory=list)
 
 
-@dataclass
-class RawStep:
-    token_id: int
-    logits: torch.Tensor  # (vocab,) the model's raw logits
-    final: torch.Tensor  # (vocab,) after the sampler chain
-    draw: float | None
-    elapsed: float
-    prefill: bool
-    stages: list[StageRecord] | None
-
-
 class Generation:
-    """One generation's state apart from the model: its sampler chain, penalty history,
-    detokenizer and stop rules. `sample` turns the logits of each step into a Step record.
+    """One generation's state apart from the model: its sampler chain (which holds the penalty
+    history), detokenizer and stop rules. `sample` turns the logits of each step into a Step record.
     The single-sequence loop below and the server's batch scheduler both drive one of these."""
 
-    def __init__(self, config, tokenizer: Tokenizer, prompt_ids: list[int], params: SamplingParams, *,
+    def __init__(self, config: ModelConfig, tokenizer: Tokenizer, prompt_ids: list[int], params: SamplingParams, *,
                  max_tokens: int | None = 256, stop: str | Sequence[str] | None = None,
                  stop_token_ids: Sequence[int] | None = None, top_n: int = 5, record_stages: bool = False,
                  device="cpu", context_limit: int | None = None):
         stops = _check_generation_args(max_tokens, stop)
+        check_token_ids(params.logit_bias, config.vocab_size)  # now, not at the first token
         self.tokenizer, self.prompt_ids, self.top_n, self.record_stages = tokenizer, prompt_ids, top_n, record_stages
         self.params, self.vocab_size, self.device = params, config.vocab_size, device
-        # Tensors are made on the first sample(), in the thread that runs the model: PyTorch work
-        # in a second thread (say, a server's event loop) slows the model's thread down.
+        # The chain's tensors are made on the first sample(), in the thread that runs the model:
+        # PyTorch work in a second thread (say, a server's event loop) slows the model's thread down.
         self.sampler: SamplerChain | None = None
-        self.history: History | None = None
         self.stop_ids = set(config.eos_token_id if stop_token_ids is None else stop_token_ids)
         limit = min(config.max_position_embeddings, context_limit or config.max_position_embeddings)
         check_prompt_fits(len(prompt_ids), limit)
@@ -103,17 +98,17 @@ class Generation:
     def sample(self, logits: torch.Tensor, elapsed: float, prefill: bool) -> Step:
         """Choose the next token from the model's logits (vocab,) and describe it."""
         if self.sampler is None:
-            self.sampler = SamplerChain.from_params(self.params, self.vocab_size, self.device)
-            self.history = History.start(self.prompt_ids, self.vocab_size, self.device)
+            self.sampler = SamplerChain.from_params(self.params, self.vocab_size, self.prompt_ids, self.device)
         stages = [] if self.record_stages else None
         start = time.perf_counter()
-        token, final, u = self.sampler.sample(logits, self.history, stages)
-        self.history.add(token)
+        token, final, u = self.sampler.sample(logits, stages)
+        self.sampler.accept(token)
         self.tokens.append(token)
-        raw = RawStep(token, logits, final, u, elapsed + time.perf_counter() - start, prefill, stages)
+        elapsed += time.perf_counter() - start
         text, finish = self._text(token)
         self.finish_reason = finish
-        return make_step(self.tokenizer, raw, len(self.tokens) - 1, text, finish, self.top_n)
+        return build_step(self.tokenizer, token, logits, final, u, index=len(self.tokens) - 1, elapsed=elapsed,
+                          prefill=prefill, stages=stages, text=text, finish_reason=finish, top_n=self.top_n)
 
     def _text(self, token: int) -> tuple[str, str | None]:
         """(text released by this token, finish reason or None)."""
@@ -128,7 +123,7 @@ class Generation:
         return text, None
 
 
-def generate_step(model, generation: Generation, *, use_cache: bool = True) -> Iterator[Step]:
+def generate_step(model: Model, generation: Generation, *, use_cache: bool = True) -> Iterator[Step]:
     """Prefill the prompt, then one token per step through the KV cache, until the generation
     finishes. use_cache=False recomputes the whole context every step (what the cache saves)."""
     parameter = next(model.parameters())
@@ -190,7 +185,7 @@ def _check_generation_args(max_tokens, stop) -> list[str]:
     return stops
 
 
-def prompt_ids_for(model, tokenizer: Tokenizer, prompt: str | Sequence[int], context_limit: int | None = None
+def prompt_ids_for(model: Model, tokenizer: Tokenizer, prompt: str | Sequence[int], context_limit: int | None = None
                    ) -> list[int]:
     """Token ids of a prompt (text gets the tokenizer's BOS, as HF does), checked against the context
     (the model's, or context_limit when smaller)."""
@@ -213,7 +208,7 @@ def check_prompt_fits(prompt_tokens: int, context: int) -> None:
                                "(it must leave room for at least one new token)", "context_length_exceeded")
 
 
-def stream(model, tokenizer: Tokenizer, prompt: str | Sequence[int],
+def stream(model: Model, tokenizer: Tokenizer, prompt: str | Sequence[int],
            params: SamplingParams | None = None, *, max_tokens: int | None = 256,
            stop: str | Sequence[str] | None = None, stop_token_ids: Sequence[int] | None = None,
            use_cache: bool = True, top_n: int = 5, record_stages: bool = False) -> Iterator[Step]:
@@ -232,26 +227,29 @@ def _alternatives(tokenizer: Tokenizer, logprobs: torch.Tensor, n: int) -> list[
             if lp > float("-inf")]
 
 
-def make_step(tokenizer, raw: RawStep, index, text, finish, top_n) -> Step:
-    logprobs = torch.log_softmax(raw.logits.float(), -1)
-    chosen = float(logprobs[raw.token_id])
+def build_step(tokenizer: Tokenizer, token_id: int, logits: torch.Tensor, final: torch.Tensor, draw: float | None,
+               *, index: int, elapsed: float, prefill: bool, stages: list[StageRecord] | None = None,
+               text: str = "", finish_reason: str | None = None, top_n: int = 5) -> Step:
+    """The Step record of a token: from the model's raw logits (vocab,) and the sampler chain's
+    final logits (vocab,), the draw u (None when greedy), timing and the chain's stage records."""
+    logprobs = torch.log_softmax(logits.float(), -1)
+    chosen = float(logprobs[token_id])
     rank = int((logprobs > chosen).sum()) + 1
-    filtered = torch.log_softmax(raw.final.float(), -1)
-    return Step(index=index, token_id=raw.token_id, text=text,
-                token_text=tokenizer.pieces([raw.token_id])[0].text, logprob=chosen, rank=rank,
-                top=_alternatives(tokenizer, logprobs, top_n),
-                top_filtered=_alternatives(tokenizer, filtered, top_n), draw=raw.draw,
-                elapsed=raw.elapsed, prefill=raw.prefill, finish_reason=finish, stages=raw.stages)
+    filtered = torch.log_softmax(final.float(), -1)
+    return Step(index=index, token_id=token_id, text=text, token_text=tokenizer.pieces([token_id])[0].text,
+                logprob=chosen, rank=rank, top=_alternatives(tokenizer, logprobs, top_n),
+                top_filtered=_alternatives(tokenizer, filtered, top_n), draw=draw, elapsed=elapsed,
+                prefill=prefill, finish_reason=finish_reason, stages=stages)
 
 
-def generate(model, tokenizer: Tokenizer, prompt: str | Sequence[int],
+def generate(model: Model, tokenizer: Tokenizer, prompt: str | Sequence[int],
              params: SamplingParams | None = None, **options) -> Completion:
     """The whole completion at once (same options as `stream`)."""
     start = time.perf_counter()
-    prompt_tokens = len(prompt_ids_for(model, tokenizer, prompt))
-    steps = list(stream(model, tokenizer, prompt, params, **options))
+    ids = prompt_ids_for(model, tokenizer, prompt)  # encoded once: stream gets the ids
+    steps = list(stream(model, tokenizer, ids, params, **options))
     return Completion(
         text="".join(s.text for s in steps), token_ids=[s.token_id for s in steps],
-        finish_reason=steps[-1].finish_reason or "length", prompt_tokens=prompt_tokens,
+        finish_reason=steps[-1].finish_reason or "length", prompt_tokens=len(ids),
         completion_tokens=len(steps), elapsed=time.perf_counter() - start, steps=steps,
     )

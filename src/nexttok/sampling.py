@@ -2,18 +2,20 @@
 
 Every stage maps logits (vocab,) to logits (vocab,): penalties and logit bias change values,
 truncation filters (top-k, top-p, min-p) set the tokens they cut to -inf, temperature rescales.
-The chain is itself a stage. The final draw is apart: greedy when temperature is 0 (< 1e-5), otherwise an
-inverse-CDF draw with one uniform number u from a seeded generator, over the kept tokens sorted by
-probability — so the same u under other dial settings picks a comparable token (the explainer's
-live dials rely on this).
+The chain is itself a stage; it holds the penalty history and is told each chosen token (`accept`).
+The draw is apart: greedy when temperature is 0 (< 1e-5), otherwise inverse-CDF with one uniform
+number u over the kept tokens sorted by probability. u is the next of the chain's seeded stream, or
+given: the explainer passes a node's stored u, so its live dials go through this same code.
 
 Default order, as in llama.cpp: penalties → logit_bias → top_k → top_p → min_p → temperature.
+PARAMETERS holds each parameter's range, default and meaning (server schemas and page read it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -24,58 +26,129 @@ STAGE_NAMES = ("penalties", "logit_bias", "top_k", "top_p", "min_p", "temperatur
 GREEDY_BELOW = 1e-5  # temperatures this small draw greedily (as vLLM): dividing by them overflows
 DEFAULT_ORDER = STAGE_NAMES
 NEG_INF = float("-inf")
+RECORD_TOP = 20  # ids and probabilities a StageRecord keeps
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The values one sampling parameter takes, its neutral default and what it does."""
+
+    default: float | int | None
+    low: float
+    high: float
+    meaning: str
+    integer: bool = False
+    low_open: bool = False
+    high_open: bool = False
+    dial_high: float | None = None  # where a dial ends when `high` is far beyond anything useful
+
+    def allowed(self) -> str:
+        """In words: Bound(1.0, 0, 1, "", low_open=True).allowed() == "in (0, 1]"."""
+        kind = "an integer" if self.integer else "a number"
+        if self.high == math.inf:
+            return f"{kind} {'>' if self.low_open else '>='} {_number(self.low)}"
+        interval = (f"{'(' if self.low_open else '['}{_number(self.low)}, {_number(self.high)}"
+                    f"{')' if self.high_open else ']'}")
+        return f"{kind} in {interval}" if self.integer else f"in {interval}"
+
+    def allows(self, value) -> bool:
+        if self.integer:
+            if type(value) is not int:
+                return False
+        elif not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value):
+            return False
+        above = value > self.low if self.low_open else value >= self.low
+        return above and (value < self.high if self.high_open else value <= self.high)
+
+    def check(self, name: str, value) -> None:
+        """Raise InvalidParameter naming the parameter when value is outside the bound."""
+        if not self.allows(value):
+            raise InvalidParameter(name.split("[")[0], f"{name} must be {self.allowed()}, got {value!r}")
+
+    def limits(self) -> dict[str, float]:
+        """As pydantic Field keywords: the bound of top_p gives {"gt": 0.0, "le": 1.0}."""
+        found = {"gt" if self.low_open else "ge": self.low}
+        if self.high != math.inf:
+            found["lt" if self.high_open else "le"] = self.high
+        return found
+
+    def as_json(self) -> dict:
+        return {**dataclasses.asdict(self), "high": None if self.high == math.inf else self.high}
+
+
+def _number(x: float) -> str:
+    """_number(2.0) == "2"; _number(2**63) == "2**63"."""
+    if isinstance(x, int) and x >= 2**32 and x & (x - 1) == 0:
+        return f"2**{x.bit_length() - 1}"
+    return f"{x:g}"
+
+
+PARAMETERS: dict[str, Bound] = {
+    "temperature": Bound(1.0, 0.0, math.inf, "divides the logits: below 1 sharpens, above 1 flattens; "
+                         f"0 (below {GREEDY_BELOW:g}) = greedy", dial_high=2.0),
+    "top_k": Bound(0, 0, math.inf, "keep the k most likely tokens (ties with the k-th too); 0 = off",
+                   integer=True, dial_high=100),
+    "top_p": Bound(1.0, 0.0, 1.0, "nucleus: keep the most likely tokens whose probabilities reach p "
+                   "together; 1 = off", low_open=True),
+    "min_p": Bound(0.0, 0.0, 1.0, "keep tokens at least min_p times as likely as the most likely one; 0 = off"),
+    "repetition_penalty": Bound(1.0, 0.0, 100.0, "HF/CTRL: divide the positive logits of tokens in the prompt "
+                                "or the output by this, multiply the negative ones; 1 = off",
+                                low_open=True, dial_high=2.0),
+    "presence_penalty": Bound(0.0, -2.0, 2.0, "OpenAI: subtract this once from every token already "
+                              "generated; 0 = off"),
+    "frequency_penalty": Bound(0.0, -2.0, 2.0, "OpenAI: subtract this times how often a token was "
+                               "generated; 0 = off"),
+    "logit_bias": Bound(0.0, -100.0, 100.0, "added to the logit of a token id, before the filters"),
+    "seed": Bound(None, 0, 2**63, "same seed, same draws; none: a fresh one", integer=True, high_open=True),
+}
+_DEFAULT = {name: bound.default for name, bound in PARAMETERS.items()}
 
 
 @dataclass
 class SamplingParams:
     """What the user sets. Neutral values switch a stage off (and it is not built at all)."""
 
-    temperature: float = 1.0  # 0 (or below 1e-5) = greedy
-    top_k: int = 0  # 0: off
-    top_p: float = 1.0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0  # HF/CTRL: divide positive logits of seen tokens, multiply negative
-    presence_penalty: float = 0.0  # OpenAI: minus this once for every token already generated
-    frequency_penalty: float = 0.0  # OpenAI: minus this times how often it was generated
+    temperature: float = _DEFAULT["temperature"]
+    top_k: int = _DEFAULT["top_k"]
+    top_p: float = _DEFAULT["top_p"]
+    min_p: float = _DEFAULT["min_p"]
+    repetition_penalty: float = _DEFAULT["repetition_penalty"]
+    presence_penalty: float = _DEFAULT["presence_penalty"]
+    frequency_penalty: float = _DEFAULT["frequency_penalty"]
     logit_bias: dict[int, float] = field(default_factory=dict)
-    seed: int | None = None
+    seed: int | None = _DEFAULT["seed"]
     order: Sequence[str] = DEFAULT_ORDER
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
-        """Raise ValueError naming the first parameter outside its range."""
-        _check_float("temperature", self.temperature, 0.0, math.inf, "a number >= 0")
-        if type(self.top_k) is not int or self.top_k < 0:
-            raise InvalidParameter("top_k", f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
-        _check_float("top_p", self.top_p, 0.0, 1.0, "in (0, 1]", low_open=True)
-        _check_float("min_p", self.min_p, 0.0, 1.0, "in [0, 1]")
-        _check_float("repetition_penalty", self.repetition_penalty, 0.0, math.inf, "a number > 0",
-                     low_open=True)
-        _check_float("presence_penalty", self.presence_penalty, -2.0, 2.0, "in [-2, 2]")
-        _check_float("frequency_penalty", self.frequency_penalty, -2.0, 2.0, "in [-2, 2]")
+        """Raise InvalidParameter (a ValueError) naming the first parameter outside its range."""
+        for name in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                     "frequency_penalty"):
+            PARAMETERS[name].check(name, getattr(self, name))
         if not isinstance(self.logit_bias, dict):
             raise InvalidParameter("logit_bias", "logit_bias must be a mapping of token id to bias")
         for token, bias in self.logit_bias.items():
             if type(token) is not int or token < 0:
                 raise InvalidParameter("logit_bias",
                                        f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
-            _check_float(f"logit_bias[{token}]", bias, -100.0, 100.0, "in [-100, 100]")
-        if self.seed is not None and (type(self.seed) is not int or not 0 <= self.seed < 2**63):
-            raise InvalidParameter("seed", f"seed must be an integer in [0, 2**63), got {self.seed!r}")
+            PARAMETERS["logit_bias"].check(f"logit_bias[{token}]", bias)
+        if self.seed is not None:
+            PARAMETERS["seed"].check("seed", self.seed)
         unknown = [s for s in self.order if s not in STAGE_NAMES]
         if unknown or len(set(self.order)) != len(self.order):
             raise InvalidParameter("order", f"order must list distinct stages from {', '.join(STAGE_NAMES)}; "
                                    f"got {list(self.order)}")
 
 
-def _check_float(name, value, low, high, allowed, low_open=False) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
-    if ok:
-        ok = (value > low if low_open else value >= low) and value <= high
-    if not ok:
-        raise InvalidParameter(name.split("[")[0], f"{name} must be {allowed}, got {value!r}")
+def check_token_ids(bias: Mapping[int, float], vocab_size: int) -> None:
+    """What needs the model: logit_bias ids in its vocabulary.
+    check_token_ids({9: 1.0}, 4) raises: 'logit_bias token id 9 is outside the vocabulary (0..3)'."""
+    too_big = [t for t in bias if t >= vocab_size]
+    if too_big:
+        raise InvalidParameter("logit_bias", f"logit_bias token id {too_big[0]} is outside the "
+                               f"vocabulary (0..{vocab_size - 1})")
 
 
 @dataclass
@@ -109,6 +182,7 @@ class StageRecord:
     entropy: float  # bits
     top_ids: list[int]
     top_probs: list[float]
+    cut: list[int] = field(default_factory=list)  # which of the model's top 20 this stage cut
 
 
 # ---------------------------------------------------------------------------------------------
@@ -138,10 +212,7 @@ class LogitBias:
     name = "logit_bias"
 
     def __init__(self, bias: dict[int, float], vocab_size: int):
-        too_big = [t for t in bias if t >= vocab_size]
-        if too_big:
-            raise InvalidParameter("logit_bias", f"logit_bias token id {too_big[0]} is outside the "
-                                   f"vocabulary (0..{vocab_size - 1})")
+        check_token_ids(bias, vocab_size)
         self.ids = torch.tensor(list(bias), dtype=torch.long)
         self.values = torch.tensor(list(bias.values()), dtype=torch.float32)
 
@@ -208,22 +279,34 @@ class Temperature:
         return logits / self.t
 
 
-class SamplerChain:
-    """Stages in order; itself a stage. `sample` adds the final draw."""
+class Uniforms:
+    """The seeded stream of uniform numbers in [0, 1) that draws take, one per sampled token.
+    Two streams with one seed give the same numbers (None: seeded from the OS). It lives on the
+    CPU whatever the model's device, so a seed gives the same draws on every device."""
 
-    name = "chain"
-
-    def __init__(self, stages: Sequence, temperature: float, seed: int | None, device="cpu"):
-        self.stages = list(stages)
-        self.greedy = temperature < GREEDY_BELOW
-        self.generator = torch.Generator(device=device)
+    def __init__(self, seed: int | None):
+        self.generator = torch.Generator()
         if seed is None:
             self.generator.seed()
         else:
             self.generator.manual_seed(seed)
 
+    def next(self) -> float:
+        return float(torch.rand((), generator=self.generator))
+
+
+class SamplerChain:
+    """Stages in order; itself a stage. It holds the penalty history (the prompt, then each token
+    it is told about with `accept`), and `sample` adds the final draw."""
+
+    name = "chain"
+
+    def __init__(self, stages: Sequence, *, greedy: bool, history: History, uniforms: Uniforms):
+        self.stages, self.greedy, self.history, self.uniforms = list(stages), greedy, history, uniforms
+
     @classmethod
-    def from_params(cls, params: SamplingParams, vocab_size: int, device="cpu") -> SamplerChain:
+    def from_params(cls, params: SamplingParams, vocab_size: int, prompt_ids: Sequence[int] = (),
+                    device="cpu") -> SamplerChain:
         """Only the stages whose settings are not neutral are built (zero cost for the rest)."""
         p = params
         drawing = p.temperature >= GREEDY_BELOW  # truncation and temperature never change a greedy pick
@@ -244,29 +327,41 @@ class SamplerChain:
             "temperature": lambda: Temperature(p.temperature),
         }
         stages = [make[name]() for name in p.order if wanted[name]]
-        return cls(stages, params.temperature, params.seed, device)
+        return cls(stages, greedy=not drawing, history=History.start(prompt_ids, vocab_size, device),
+                   uniforms=Uniforms(p.seed))
+
+    def accept(self, token_id: int) -> None:
+        """Tell the chain the token that was chosen (it counts for the penalties from now on)."""
+        self.history.add(token_id)
 
     def __call__(self, logits: torch.Tensor, history: History, record: list | None = None) -> torch.Tensor:
-        if record is not None:
-            record.append(_record("raw", logits))
+        if record is None:
+            for stage in self.stages:
+                logits = stage(logits, history)
+            return logits
+        raw = _record("raw", logits)
+        record.append(raw)
+        watched = torch.tensor(raw.top_ids, dtype=torch.long, device=logits.device)
         for stage in self.stages:
+            alive = logits[watched] > NEG_INF
             logits = stage(logits, history)
-            if record is not None:
-                record.append(_record(stage.name, logits))
+            cut = watched[alive & (logits[watched] == NEG_INF)]
+            record.append(_record(stage.name, logits, cut.tolist()))
         return logits
 
-    def draw_uniform(self) -> float:
-        """The next uniform number of this chain's seeded stream."""
-        return float(torch.rand((), generator=self.generator))
-
-    def sample(self, logits: torch.Tensor, history: History, record: list | None = None
+    def sample(self, logits: torch.Tensor, record: list | None = None, u: float | None = None
                ) -> tuple[int, torch.Tensor, float | None]:
-        """(token id, final logits, the uniform u used or None when greedy)."""
+        """(token id, final logits, the uniform u used or None when greedy). u: the draw to use
+        instead of the next one of the chain's stream (the explainer's stored draw of a node).
+        The token is not accepted: the caller accepts the token it keeps."""
         check_logits(logits)
-        final = self(logits.float(), history, record)
+        final = self(logits.float(), self.history, record)
         if self.greedy:
             return int(torch.argmax(final)), final, None
-        u = self.draw_uniform()
+        if u is None:
+            u = self.uniforms.next()
+        elif not 0 <= u < 1:
+            raise ValueError(f"a draw must be in [0, 1), got {u!r}")
         return pick(final, u), final, u
 
 
@@ -274,7 +369,8 @@ def pick(logits: torch.Tensor, u: float) -> int:
     """Inverse-CDF draw over tokens sorted by probability: pick([2., 0., 1.], 0.1) -> 0."""
     probs, order = torch.sort(logits.float().softmax(-1), descending=True)
     cumulative = probs.cumsum(-1)
-    index = int(torch.searchsorted(cumulative, torch.tensor([u * float(cumulative[-1])]), right=True))
+    target = torch.tensor([u * float(cumulative[-1])], device=cumulative.device)
+    index = int(torch.searchsorted(cumulative, target, right=True))
     index = min(index, int((probs > 0).sum()) - 1)  # rounding must never land on a cut token
     return int(order[index])
 
@@ -295,8 +391,8 @@ def entropy_bits(probs: torch.Tensor) -> float:
     return float(-(p * p.log2()).sum())
 
 
-def _record(name: str, logits: torch.Tensor, n: int = 20) -> StageRecord:
+def _record(name: str, logits: torch.Tensor, cut: list[int] | None = None) -> StageRecord:
     probs = logits.float().softmax(-1)
-    top = torch.topk(probs, min(n, probs.shape[-1]))
+    top = torch.topk(probs, min(RECORD_TOP, probs.shape[-1]))
     return StageRecord(name, int((logits > NEG_INF).sum()), entropy_bits(probs),
-                       top.indices.tolist(), top.values.tolist())
+                       top.indices.tolist(), top.values.tolist(), cut or [])

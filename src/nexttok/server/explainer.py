@@ -1,18 +1,27 @@
 """Routes of the explainer page: the static page at /, and a small session API under /explain.
 
+GET /explain/parameters            -> each dial's range, default and meaning; the chain's stages
 POST /explain/sessions             {prompt, model?, seed?}  -> prompt tokens, model facts, session id
-POST /explain/sessions/{id}/step   {temperature, top_k, top_p, min_p, repetition_penalty, node?, token_id?}
-                                   -> the Step record, raw logits, draw, attention, timing, the tree
+POST /explain/sessions/{id}/step   {dials, node?, token_id?, top_n?}
+                                   -> the Step record, rows, raw logits, attention, timing, the tree
+POST /explain/sessions/{id}/redraw {dials, node, top_n?}
+                                   -> the Step the same u gives under these dials, rows (no new node)
 POST /explain/sessions/{id}/goto   {node}  -> makes a node of the tree current
 DELETE /explain/sessions/{id}
+
+dials: temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty
+and order, with the ranges of nexttok.sampling.PARAMETERS. rows: the model's top_n tokens with
+their probability before (p) and after (q) the sampler chain.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import uuid
 from collections import OrderedDict
 from pathlib import Path
+from typing import Annotated
 
 import anyio
 from fastapi import FastAPI
@@ -21,66 +30,128 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import Field
 
 from nexttok.explain import ExplainSession
-from nexttok.sampling import SamplingParams
-from nexttok.server.app import APIError
-from nexttok.server.schemas import Strict
+from nexttok.sampling import DEFAULT_ORDER, GREEDY_BELOW, PARAMETERS, STAGE_NAMES, SamplingParams
+from nexttok.server.errors import APIError
+from nexttok.server.schemas import Strict, bounded
 
 STATIC = Path(__file__).parent / "static"
 MAX_SESSIONS = 8
+DIALS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+
+
+@dataclasses.dataclass
+class ModelState:
+    """What the explainer keeps per served model."""
+
+    lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)  # sessions run one at a time
+    vocab_texts: list[str] | None = None  # display text of every id, for the page
 
 
 class SessionRequest(Strict):
     prompt: str
     model: str | None = None
-    seed: int | None = Field(None, ge=0, lt=2**63)
+    seed: int | None = bounded("seed")
 
 
 class GotoRequest(Strict):
     node: int
 
 
-class StepRequest(Strict):
-    temperature: float = Field(1.0, ge=0)
-    top_k: int = Field(0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    min_p: float = Field(0.0, ge=0, le=1)
-    repetition_penalty: float = Field(1.0, gt=0, le=100)
+class Dials(Strict):
+    """The sampler settings of the page's dials (defaults: the library's neutral values)."""
+
+    temperature: float = bounded("temperature", PARAMETERS["temperature"].default)
+    top_k: int = bounded("top_k", PARAMETERS["top_k"].default)
+    top_p: float = bounded("top_p", PARAMETERS["top_p"].default)
+    min_p: float = bounded("min_p", PARAMETERS["min_p"].default)
+    repetition_penalty: float = bounded("repetition_penalty", PARAMETERS["repetition_penalty"].default)
+    presence_penalty: float = bounded("presence_penalty", PARAMETERS["presence_penalty"].default)
+    frequency_penalty: float = bounded("frequency_penalty", PARAMETERS["frequency_penalty"].default)
+    order: Annotated[list[str], Field(max_length=len(STAGE_NAMES))] = list(DEFAULT_ORDER)
+    top_n: int = Field(10, ge=1, le=50)
+
+    def params(self) -> SamplingParams:
+        return SamplingParams(**{name: getattr(self, name) for name in DIALS}, order=self.order)
+
+
+class StepRequest(Dials):
     node: int | None = Field(None, ge=0)
     token_id: int | None = Field(None, ge=0)
-    top_n: int = Field(10, ge=1, le=50)
+
+
+class RedrawRequest(Dials):
+    node: int = Field(ge=0)
+
+
+class Explainer:
+    """The explainer's state: open sessions (past MAX_SESSIONS the oldest goes) and, per served
+    model, a ModelState."""
+
+    def __init__(self, served_for):
+        self.served_for = served_for  # name -> ServedModel, as the OpenAI routes resolve it
+        self.sessions: OrderedDict[str, tuple] = OrderedDict()
+        self.models: dict[str, ModelState] = {}
+
+    def state(self, served) -> ModelState:
+        return self.models.setdefault(served.name, ModelState())
+
+    def add(self, served, session: ExplainSession) -> str:
+        key = uuid.uuid4().hex
+        self.sessions[key] = (served, session)
+        while len(self.sessions) > MAX_SESSIONS:
+            self.sessions.popitem(last=False)
+        return key
+
+    def session(self, key: str) -> tuple:
+        if key not in self.sessions:
+            raise APIError(404, f"no explainer session {key!r} (it may have expired)", param="session",
+                           code="session_not_found")
+        self.sessions.move_to_end(key)
+        return self.sessions[key]
 
 
 def install_explainer(app: FastAPI, served_for) -> None:
     """Add the page and its API; served_for(name) resolves a model as the OpenAI routes do."""
-    sessions: OrderedDict[str, tuple] = OrderedDict()
+    explainer = Explainer(served_for)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @app.get("/", include_in_schema=False)
     async def page():
         return FileResponse(STATIC / "index.html")
 
+    @app.get("/explain/parameters")
+    async def parameters():
+        return {"dials": {name: PARAMETERS[name].as_json() for name in DIALS}, "stages": list(STAGE_NAMES),
+                "order": list(DEFAULT_ORDER), "greedy_below": GREEDY_BELOW}
+
     @app.post("/explain/sessions")
     async def start(body: SessionRequest):
-        served = served_for(body.model)
-        async with served.lock:
+        served = explainer.served_for(body.model)
+        async with explainer.state(served).lock:
             session = await anyio.to_thread.run_sync(
                 lambda: ExplainSession(served.model, served.tokenizer, body.prompt, seed=body.seed))
-        key = uuid.uuid4().hex
-        sessions[key] = (served, session)
-        while len(sessions) > MAX_SESSIONS:  # the oldest session goes
-            sessions.popitem(last=False)
+        key = explainer.add(served, session)
         config = served.model.config
         facts = {"name": served.name, "layers": config.num_hidden_layers, "heads": config.num_attention_heads,
                  "vocab_size": config.vocab_size, "context": session.cache.max_len}
-        return {"session": key, "vocab": _vocab(served), "model": facts,
+        return {"session": key, "vocab": _vocab(served, explainer.state(served)), "model": facts,
                 "prompt": _chips(served.tokenizer, session.prompt_ids), "tree": session.tree()}
 
+    @app.delete("/explain/sessions/{key}")
+    async def stop(key: str):
+        explainer.session(key)
+        del explainer.sessions[key]
+        return {"deleted": key}
+
+    _install_step_routes(app, explainer)
+
+
+def _install_step_routes(app: FastAPI, explainer: Explainer) -> None:
     @app.post("/explain/sessions/{key}/step")
     async def step(key: str, body: StepRequest):
-        served, session = _session(sessions, key)
-        params = SamplingParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
-                                min_p=body.min_p, repetition_penalty=body.repetition_penalty)
-        async with served.lock:
+        served, session = explainer.session(key)
+        params = body.params()
+        async with explainer.state(served).lock:
             view = await anyio.to_thread.run_sync(
                 lambda: session.step(params, body.node, body.token_id, body.top_n))
         view["step"] = dataclasses.asdict(view["step"])
@@ -88,31 +159,25 @@ def install_explainer(app: FastAPI, served_for) -> None:
         return {**view, "tree": session.tree(), "current": session.current,
                 "generated": _chips(served.tokenizer, path), "text": session.text(view["child"])}
 
+    @app.post("/explain/sessions/{key}/redraw")
+    async def redraw(key: str, body: RedrawRequest):
+        served, session = explainer.session(key)
+        params = body.params()
+        async with explainer.state(served).lock:
+            view = await anyio.to_thread.run_sync(lambda: session.redraw(params, body.node, body.top_n))
+        return {**view, "step": dataclasses.asdict(view["step"])}
+
     @app.post("/explain/sessions/{key}/goto")
     async def goto(key: str, body: GotoRequest):
-        served, session = _session(sessions, key)
+        served, session = explainer.session(key)
         session.goto(body.node)
         return {"tree": session.tree(), "current": session.current, "text": session.text(session.current),
                 "generated": _chips(served.tokenizer, session.path(session.current))}
 
-    @app.delete("/explain/sessions/{key}")
-    async def stop(key: str):
-        _session(sessions, key)
-        del sessions[key]
-        return {"deleted": key}
 
-
-def _session(sessions, key: str):
-    if key not in sessions:
-        raise APIError(404, f"no explainer session {key!r} (it may have expired)", param="session",
-                       code="session_not_found")
-    sessions.move_to_end(key)
-    return sessions[key]
-
-
-def _vocab(served) -> list[str]:
+def _vocab(served, state: ModelState) -> list[str]:
     """Display text of every id the model can produce (computed once per model)."""
-    if served.vocab_texts is None:
+    if state.vocab_texts is None:
         tokenizer, size = served.tokenizer, served.model.config.vocab_size
         known = min(size, tokenizer.vocab_size)
         texts = []
@@ -121,8 +186,8 @@ def _vocab(served) -> list[str]:
                 texts.append(tokenizer.pieces([i])[0].text)
             except ValueError:  # a hole in the vocabulary
                 texts.append(f"<{i}>")
-        served.vocab_texts = texts + [f"<{i}>" for i in range(known, size)]
-    return served.vocab_texts
+        state.vocab_texts = texts + [f"<{i}>" for i in range(known, size)]
+    return state.vocab_texts
 
 
 def _chips(tokenizer, ids: list[int]) -> list[dict]:

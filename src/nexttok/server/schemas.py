@@ -8,13 +8,22 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from nexttok.sampling import PARAMETERS
+
 MAX_N = 8
 MAX_STOP = 4
 MAX_TOP_LOGPROBS = 20
 
 TokenId = Annotated[int, Field(ge=0)]
 TokenIdKey = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,9}$")]
-Bias = Annotated[float, Field(ge=-100, le=100)]
+Bias = Annotated[float, Field(**PARAMETERS["logit_bias"].limits())]
+
+
+def bounded(name: str, default: Any = None, **overrides: Any) -> Any:
+    """A request field with the library's range and meaning of a sampling parameter (one table:
+    nexttok.sampling.PARAMETERS): bounded("top_p") is Field(None, gt=0.0, le=1.0, description=...)."""
+    bound = PARAMETERS[name]
+    return Field(default, **{**bound.limits(), "description": bound.meaning, **overrides})
 
 
 class Strict(BaseModel):
@@ -30,15 +39,16 @@ class SamplingFields(Strict):
 
     model: str
     max_tokens: int | None = Field(None, ge=1, description="capped by the context window")
-    temperature: float | None = Field(None, ge=0, description="0 = greedy; default 1")
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=-1, description="0 or -1 = off")
-    min_p: float | None = Field(None, ge=0, le=1)
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    repetition_penalty: float | None = Field(None, gt=0, le=100)
+    temperature: float | None = bounded("temperature")
+    top_p: float | None = bounded("top_p")
+    top_k: int | None = bounded("top_k", ge=PARAMETERS["top_k"].low - 1,  # vLLM's -1, taken as 0
+                                description="keep the k most likely tokens; 0 or -1 = off")
+    min_p: float | None = bounded("min_p")
+    presence_penalty: float | None = bounded("presence_penalty")
+    frequency_penalty: float | None = bounded("frequency_penalty")
+    repetition_penalty: float | None = bounded("repetition_penalty")
     logit_bias: dict[TokenIdKey, Bias] | None = None
-    seed: int | None = Field(None, ge=0, lt=2**63)
+    seed: int | None = bounded("seed")
     stop: str | Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
     n: int = Field(1, ge=1, le=MAX_N)
     stream: bool = False

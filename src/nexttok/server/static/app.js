@@ -1,90 +1,16 @@
 // nexttok explainer: one token at a time, with the probability table of every step.
-// The server sends each step's raw logits; moving a dial re-runs the sampler chain here, on those
-// logits, with the step's own uniform draw u, so what the dials change is directly comparable.
+// The sampler chain runs on the server only (nexttok/sampling.py): a step returns the Step record,
+// the model's top tokens with their probability before and after the chain, and the chain's stage
+// records. Moving a dial asks the server to re-run that same chain on the step's cached logits with
+// the step's own uniform draw u (POST .../redraw), so what the dials show is what sampling does.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const state = { session: null, model: null, prompt: [], vocab: [], view: null, logits: null, playing: false };
-const DIALS = ["temperature", "top_k", "top_p", "min_p"];
-
-// ---- the sampler chain, as nexttok/sampling.py computes it ---------------------------------
-
-function softmax(logits) {
-  let max = -Infinity;
-  for (const x of logits) if (x > max) max = x;
-  const out = new Float64Array(logits.length);
-  let sum = 0;
-  for (let i = 0; i < logits.length; i++) { out[i] = Math.exp(logits[i] - max); sum += out[i]; }
-  for (let i = 0; i < out.length; i++) out[i] /= sum;
-  return out;
-}
-
-function kept(logits) { let n = 0; for (const x of logits) if (x > -Infinity) n++; return n; }
-
-function entropyBits(probs) {
-  let h = 0;
-  for (const p of probs) if (p > 0) h -= p * Math.log2(p);
-  return h;
-}
-
-function topK(logits, k) {
-  if (k <= 0 || k >= logits.length) return logits;
-  const kth = Array.from(logits).sort((a, b) => b - a)[k - 1];
-  return logits.map((x) => (x < kth ? -Infinity : x));
-}
-
-function topP(logits, p) {
-  if (p >= 1) return logits;
-  const order = Array.from(logits.keys()).sort((a, b) => logits[a] - logits[b]);  // ascending
-  const probs = softmax(logits);
-  const out = Float64Array.from(logits);
-  let cumulative = 0;
-  for (let j = 0; j < order.length - 1; j++) {  // the most likely token always stays
-    cumulative += probs[order[j]];
-    if (cumulative <= 1 - p) out[order[j]] = -Infinity;
-  }
-  return out;
-}
-
-function minP(logits, p) {
-  if (p <= 0) return logits;
-  const probs = softmax(logits);
-  const top = Math.max(...probs);
-  return logits.map((x, i) => (probs[i] < p * top ? -Infinity : x));
-}
-
-function chain(raw, dials) {
-  const stages = [{ name: "raw (model)", logits: raw }];
-  const greedy = dials.temperature < 1e-5;  // as the server: tiny temperatures draw greedily
-  let logits = Float64Array.from(raw);
-  if (!greedy) {
-    logits = topK(logits, dials.top_k); stages.push({ name: `top-k ${dials.top_k || "off"}`, logits });
-    logits = topP(logits, dials.top_p); stages.push({ name: `top-p ${dials.top_p}`, logits });
-    logits = minP(logits, dials.min_p); stages.push({ name: `min-p ${dials.min_p}`, logits });
-    if (dials.temperature !== 1) logits = logits.map((x) => x / dials.temperature);
-    stages.push({ name: `temperature ${dials.temperature}`, logits });
-  } else {
-    stages.push({ name: "temperature 0: greedy (filters skipped)", logits });
-  }
-  return { final: logits, stages, greedy };
-}
-
-function pick(finalLogits, u, greedy) {
-  const probs = softmax(finalLogits);
-  const order = Array.from(probs.keys()).sort((a, b) => probs[b] - probs[a]);
-  if (greedy) return order[0];
-  let total = 0;
-  for (const p of probs) total += p;
-  let cumulative = 0;
-  let last = order[0];
-  for (const i of order) {
-    if (probs[i] <= 0) break;
-    cumulative += probs[i];
-    last = i;
-    if (cumulative > u * total) return i;
-  }
-  return last;
-}
+const state = { session: null, model: null, prompt: [], vocab: [], view: null, playing: false,
+                parameters: null, order: [], redraws: 0 };
+const REDRAW_DELAY_MS = 120;
+const CUT_SHOWN = 6;  // tokens named per stage as cut (of the model's top 20)  // dial input is debounced: one request per pause in the movement
+let redrawTimer = null;
 
 // ---- talking to the server -------------------------------------------------------------
 
@@ -98,23 +24,54 @@ async function api(method, path, body) {
   return data;
 }
 
-function dials() {
-  const value = (id) => Number($(id).value);
-  return { temperature: value("temperature"), top_k: value("top_k"), top_p: value("top_p"), min_p: value("min_p") };
+// The dials' ranges, defaults and meanings come from the server's table (nexttok.sampling.PARAMETERS).
+let parametersLoaded = null;
+function loadParameters() {  // once; a failure (say, the API key is missing yet) is tried again later
+  parametersLoaded ??= fetchParameters().catch((e) => { parametersLoaded = null; throw e; });
+  return parametersLoaded;
 }
 
-function decodeLogits(b64) {
-  const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
-  return new Float32Array(bytes.buffer);
+async function fetchParameters() {
+  const table = await api("GET", "/explain/parameters");
+  state.parameters = table;
+  state.order = [...table.order];
+  $("dials").replaceChildren(...Object.entries(table.dials).map(([name, bound]) => dial(name, bound)));
+  renderOrder();
+  $("dials").dataset.ready = "1";
+}
+
+function dial(name, bound) {
+  const step = bound.integer ? 1 : 0.01;
+  const input = document.createElement("input");
+  Object.assign(input, { id: name, type: "range", step: String(step),
+                         min: String(bound.low_open ? bound.low + step : bound.low),
+                         max: String(bound.dial_high ?? bound.high), value: String(bound.default) });
+  const output = document.createElement("output");
+  output.htmlFor = name;
+  const label = document.createElement("label");
+  label.title = bound.meaning;
+  label.append(`${name.replaceAll("_", " ")} `, input, output);
+  const show = () => { output.textContent = input.value; };
+  input.addEventListener("input", () => { show(); scheduleRedraw(); });
+  show();
+  return label;
+}
+
+function dials() {
+  const settings = {};
+  for (const name of Object.keys(state.parameters.dials)) settings[name] = Number($(name).value);
+  settings.order = [...state.order];
+  return settings;
 }
 
 async function start() {
   stopPlaying();
   setStatus("loading…");
   try {
+    await loadParameters();
     const data = await api("POST", "/explain/sessions", { prompt: $("prompt").value });
     Object.assign(state, { session: data.session, model: data.model, prompt: data.prompt, vocab: data.vocab,
-                           view: null, logits: null });
+                           view: null });
     $("model-name").textContent = `${data.model.name} · ${data.model.layers} layers · ${data.model.heads} heads`;
     fillSelect($("layer"), data.model.layers);
     fillSelect($("head"), data.model.heads, true);
@@ -128,19 +85,38 @@ async function start() {
 
 async function step(node = null, tokenId = null) {
   if (!state.session) return;
-  const body = { ...dials(), top_n: 50 };
+  const settings = dials();
+  const body = { ...settings, top_n: 10 };
   if (node !== null) { body.node = node; body.token_id = tokenId; }
+  state.redraws++;  // a redraw still in flight belongs to the step before: it is ignored
   try {
     const view = await api("POST", `/explain/sessions/${state.session}/step`, body);
     state.view = view;
-    state.logits = decodeLogits(view.logits);
     renderTokens(state.prompt, view.generated);
     renderTree(view.tree, view.current);
-    renderStep();
+    renderStep(view);
+    renderDrawn(view, settings);
     renderAttention();
     renderTiming(view.timing);
     setStatus(view.text ? `generated: ${JSON.stringify(view.text)}` : "");
   } catch (e) { setStatus(`error: ${e.message}`); stopPlaying(); }
+}
+
+function scheduleRedraw() {
+  clearTimeout(redrawTimer);
+  redrawTimer = setTimeout(redraw, REDRAW_DELAY_MS);
+}
+
+async function redraw() {
+  const view = state.view;
+  if (!view) return;
+  const ticket = ++state.redraws;
+  const settings = dials();
+  try {
+    const drawn = await api("POST", `/explain/sessions/${state.session}/redraw`,
+                            { ...settings, node: view.node, top_n: 10 });
+    if (ticket === state.redraws && state.view === view) renderDrawn(drawn, settings);  // else: stale
+  } catch (e) { if (ticket === state.redraws) setStatus(`error: ${e.message}`); }
 }
 
 async function play() {
@@ -178,30 +154,21 @@ function renderTokens(prompt, generated) {
 const visible = (text) => text.replaceAll(" ", "␣").replaceAll("\n", "\\n").replaceAll("\t", "\\t");
 const tokenText = (id) => state.vocab[id] ?? `#${id}`;
 
-function renderStep() {
-  const view = state.view;
+// The table of the step: the model's top 10 (p) and, filled by renderDrawn, after the chain (q).
+function renderStep(view) {
   const s = view.step;
-  const raw = state.logits;
-  const rawProbs = softmax(raw);
-  const { final, stages, greedy } = chain(raw, dials());
-  const finalProbs = softmax(final);
-  const rows = s.top.slice(0, 10).map((alt, rank) => {
+  const rows = view.rows.map((row, rank) => {
     const tr = document.createElement("tr");
-    const cut = final[alt.id] === -Infinity;
-    if (alt.id === s.token_id) tr.classList.add("chosen");
-    if (cut) tr.classList.add("cut");
-    tr.dataset.id = alt.id;
-    const p = rawProbs[alt.id];
-    const q = finalProbs[alt.id];
-    tr.innerHTML = `<td class="num">${rank + 1}</td><td class="tok"></td><td class="num">${alt.id}</td>` +
-      `<td class="num">${pct(p)}</td><td><div class="bar" style="width:${Math.round(p * 200)}px"></div>` +
-      `<div class="bar final" style="width:${Math.round(q * 200)}px"></div></td>` +
-      `<td class="num final-p">${cut ? "cut" : pct(q)}</td>`;
-    tr.querySelector(".tok").textContent = visible(alt.text);
-    tr.addEventListener("click", () => { if (alt.id !== s.token_id) step(view.node, alt.id); });
+    if (row.id === s.token_id) tr.classList.add("chosen");
+    tr.dataset.id = row.id;
+    tr.innerHTML = `<td class="num">${rank + 1}</td><td class="tok"></td><td class="num">${row.id}</td>` +
+      `<td class="num">${pct(row.p)}</td><td><div class="bar" style="width:${Math.round(row.p * 200)}px"></div>` +
+      `<div class="bar final"></div></td><td class="num final-p"></td>`;
+    tr.querySelector(".tok").textContent = visible(row.text);
+    tr.addEventListener("click", () => { if (row.id !== s.token_id) step(view.node, row.id); });
     return tr;
   });
-  const shown = s.top.slice(0, 10).reduce((acc, alt) => acc + rawProbs[alt.id], 0);
+  const shown = view.rows.reduce((acc, row) => acc + row.p, 0);
   const rest = document.createElement("tr");
   rest.className = "rest";
   rest.innerHTML = `<td></td><td>everything else</td><td></td><td class="num">${pct(1 - shown)}</td><td></td><td></td>`;
@@ -209,23 +176,66 @@ function renderStep() {
   $("step-title").textContent = `(step ${s.index + 1})`;
   $("chosen").textContent = `chosen: ${JSON.stringify(s.token_text)} (id ${s.token_id}) — rank ${s.rank}, ` +
     `model p ${pct(Math.exp(s.logprob))}` + (s.draw === null ? ", greedy" : `, draw u = ${s.draw.toFixed(3)}`);
-  const redraw = pick(final, s.draw === null ? 0 : s.draw, greedy);
-  $("redraw").textContent = redraw === s.token_id ? "" :
-    `with these dials the same draw picks ${JSON.stringify(tokenText(redraw))} (click its row to continue with it)`;
-  renderStages(stages, redraw, greedy);
 }
 
-function renderStages(stages, drawn, greedy) {
-  const items = stages.map((st) => {
-    const probs = softmax(st.logits);
+// What the server's chain made of the step's logits under `settings`: q per row, the stages, the pick.
+function renderDrawn(drawn, settings) {
+  const q = new Map(drawn.rows.map((row) => [row.id, row.q]));
+  const cutBy = new Map();
+  for (const stage of drawn.step.stages) for (const id of stage.cut) if (!cutBy.has(id)) cutBy.set(id, stage.name);
+  for (const tr of $("table").tBodies[0].querySelectorAll("tr[data-id]")) {
+    const id = Number(tr.dataset.id);
+    const p = q.get(id) ?? 0;
+    tr.dataset.q = String(p);
+    tr.classList.toggle("cut", p === 0);
+    tr.querySelector(".bar.final").style.width = `${Math.round(p * 200)}px`;
+    tr.querySelector(".final-p").textContent = p === 0 ? `cut by ${cutBy.get(id) ?? "the chain"}` : pct(p);
+  }
+  const picked = drawn.step.token_id;
+  const redraw = $("redraw");
+  redraw.dataset.token = picked;
+  redraw.dataset.draw = drawn.step.draw === null ? "" : String(drawn.step.draw);
+  redraw.textContent = picked === state.view.step.token_id ? "" :
+    `with these dials the same draw picks ${JSON.stringify(tokenText(picked))} (click its row to continue with it)`;
+  renderStages(drawn.step);
+  $("table").dataset.dials = JSON.stringify(settings);
+}
+
+function renderStages(drawnStep) {
+  const items = drawnStep.stages.map((st) => {
     const li = document.createElement("li");
-    li.textContent = `${st.name}: ${kept(st.logits)} tokens kept, entropy ${entropyBits(probs).toFixed(2)} bits, ` +
-      `top p ${pct(Math.max(...probs))}`;
+    Object.assign(li.dataset, { stage: st.name, kept: st.kept, entropy: st.entropy });
+    const names = st.cut.slice(0, CUT_SHOWN).map((id) => JSON.stringify(visible(tokenText(id)))).join(" ");
+    const more = st.cut.length > CUT_SHOWN ? ` … (${st.cut.length} of the model's top 20)` : "";
+    const cut = st.cut.length ? `; cut ${names}${more}` : "";
+    li.textContent = `${st.name}: ${st.kept} tokens kept, entropy ${st.entropy.toFixed(2)} bits, ` +
+      `top p ${pct(st.top_probs[0])}${cut}`;
     return li;
   });
   const draw = document.createElement("li");
-  draw.textContent = `draw${greedy ? " (greedy)" : ""}: ${JSON.stringify(tokenText(drawn))} (id ${drawn})`;
+  const id = drawnStep.token_id;
+  draw.dataset.stage = "draw";
+  draw.textContent = `draw${drawnStep.draw === null ? " (greedy)" : ` (u = ${drawnStep.draw.toFixed(3)})`}: ` +
+    `${JSON.stringify(tokenText(id))} (id ${id})`;
   $("stages").replaceChildren(...items, draw);
+  const ran = new Set(drawnStep.stages.map((st) => st.name));
+  for (const li of $("order").children) li.classList.toggle("on", ran.has(li.dataset.stage));
+}
+
+function renderOrder() {
+  $("order").replaceChildren(...state.order.map((name, i) => {
+    const li = document.createElement("li");
+    li.dataset.stage = name;
+    const up = document.createElement("button");
+    Object.assign(up, { textContent: "↑", title: `run ${name} earlier`, disabled: i === 0 });
+    up.addEventListener("click", () => {
+      [state.order[i - 1], state.order[i]] = [state.order[i], state.order[i - 1]];
+      renderOrder();
+      scheduleRedraw();
+    });
+    li.append(`${name} `, up);
+    return li;
+  }));
 }
 
 function renderAttention() {
@@ -278,7 +288,10 @@ function renderTree(nodes, current) {
 }
 
 function clearStep() {
+  state.view = null;
+  state.redraws++;
   $("table").tBodies[0].replaceChildren();
+  delete $("table").dataset.dials;
   for (const id of ["chosen", "redraw", "timing", "step-title"]) $(id).textContent = "";
   $("stages").replaceChildren();
   $("attention").replaceChildren();
@@ -295,13 +308,7 @@ const setStatus = (text) => { $("status").textContent = text; };
 
 // ---- wiring -----------------------------------------------------------------------------
 
-for (const id of DIALS) {
-  const input = $(id);
-  const output = document.querySelector(`output[for=${id}]`);
-  const show = () => { output.textContent = input.value; if (state.view) renderStep(); };
-  input.addEventListener("input", show);
-  show();
-}
+loadParameters().catch(() => {});  // a server with an API key answers once the key is typed (Start)
 $("start").addEventListener("click", start);
 $("step").addEventListener("click", () => step());
 $("play").addEventListener("click", play);
