@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from live_server import LiveServer
+from nexttok.cache import SlotCache
 from nexttok.generate import Generation
 from nexttok.server import ServerLimits, create_app, load_served
 from tiny_models import write_chat_model
@@ -70,6 +71,36 @@ def test_same_tokens_alone_and_in_a_batch_of_8(model_dir):
     steps = after["nexttok_decode_steps_total"] - before["nexttok_decode_steps_total"]
     assert tokens == 8 * 24
     assert tokens / steps > 2  # requests really shared decode steps
+
+
+def test_without_batch_invariance_decode_runs_only_the_running_rows(model_dir, monkeypatch):
+    """batch_invariant=False: no scratch rows, so a batch's rows are the running requests and no
+    more; the answers stay right (greedy tokens as alone, logprobs equal up to float rounding)."""
+    batches = []  # (rows in the decode step, requests running)
+    original = SlotCache.running_view
+
+    def running_view(self, pad_to=1):
+        view = original(self, pad_to)
+        batches.append((view.n, self.running))
+        return view
+
+    monkeypatch.setattr(SlotCache, "running_view", running_view)
+    requests = [{"prompt": f"Request number {i} says", "max_tokens": 24, "temperature": 0, "logprobs": 1}
+                for i in range(4)]
+    with _server(model_dir, max_running=4, batch_invariant=False) as live:
+        alone = [_complete(live.url, **body).json() for body in requests]
+        assert batches and all(n == running == 1 for n, running in batches)  # alone: one row, not 4
+        batches.clear()
+        with ThreadPoolExecutor(4) as pool:
+            together = list(pool.map(lambda b: _complete(live.url, **b).json(), requests))
+    assert all(n == running for n, running in batches), batches
+    assert max(n for n, _ in batches) > 1  # requests really shared decode steps
+    for a, b in zip(alone, together, strict=True):
+        assert b["usage"]["completion_tokens"] == 24 and b["choices"][0]["finish_reason"] == "length"
+        assert b["choices"][0]["text"] == a["choices"][0]["text"]
+        assert b["choices"][0]["logprobs"]["tokens"] == a["choices"][0]["logprobs"]["tokens"]
+        assert b["choices"][0]["logprobs"]["token_logprobs"] == pytest.approx(
+            a["choices"][0]["logprobs"]["token_logprobs"], abs=1e-4)
 
 
 def test_n_choices_decode_together(model_dir):

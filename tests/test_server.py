@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from live_server import LiveServer
-from nexttok.generate import generate
+from nexttok.generate import generate, stream
 from nexttok.sampling import SamplingParams
 from nexttok.server import create_app, load_served
 from tiny_models import write_chat_model
@@ -94,12 +94,23 @@ def test_chat_logprobs(client):
         assert bytes(entry.bytes).decode("utf-8", "backslashreplace") == entry.token
 
 
-def test_completion_logprobs(client):
+def test_completion_logprobs(client, served):
     result = client.completions.create(model=MODEL, prompt="A", max_tokens=5, logprobs=2, temperature=0)
     logprobs = result.choices[0].logprobs
-    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.top_logprobs) == 5
-    assert all(len(top) <= 2 for top in logprobs.top_logprobs)
-    assert logprobs.text_offset[0] == 0
+    steps = list(stream(served.model, served.tokenizer, "A", SamplingParams(temperature=0), max_tokens=5, top_n=2))
+    assert len(steps) == 5
+    assert logprobs.tokens == [s.token_text for s in steps]
+    assert logprobs.token_logprobs == pytest.approx([s.logprob for s in steps], abs=1e-5)
+    assert len(logprobs.top_logprobs) == 5
+    for top, step in zip(logprobs.top_logprobs, steps, strict=True):
+        expected = {a.text: a.logprob for a in step.top}
+        assert len(step.top) == 2 and top  # really there, not empty
+        assert top.keys() == expected.keys()
+        assert all(top[text] == pytest.approx(expected[text], abs=1e-5) for text in expected)
+        assert step.logprob == pytest.approx(step.top[0].logprob)  # greedy: the top token
+    texts = [s.text for s in steps]
+    assert logprobs.text_offset == [sum(len(t) for t in texts[:i]) for i in range(5)]
+    assert result.choices[0].text == "".join(texts)
 
 
 def test_seed_reproducibility_and_n(client):

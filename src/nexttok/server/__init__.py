@@ -6,8 +6,9 @@ from pathlib import Path
 
 import uvicorn
 
-from nexttok.server.app import ServerLimits, create_app
+from nexttok.server.app import create_app
 from nexttok.server.engine import ServedModel
+from nexttok.server.limits import ServerLimits
 
 __all__ = ["Server", "ServedModel", "ServerLimits", "create_app", "load_served", "serve_in_main_thread"]
 

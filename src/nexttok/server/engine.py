@@ -2,24 +2,24 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from nexttok.chat import ChatTemplate
+from nexttok.models import Model
+from nexttok.server.errors import APIError
 from nexttok.server.scheduler import Scheduler
+from nexttok.tokenizer import Tokenizer
 
 
 @dataclass
 class ServedModel:
     name: str
-    model: object
-    tokenizer: object
+    model: Model
+    tokenizer: Tokenizer
     chat_template: ChatTemplate | None
     created: int = field(default_factory=lambda: int(time.time()))
-    # explainer sessions run one at a time per model (generation goes through the scheduler)
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    vocab_texts: list[str] | None = None  # display text of every id, for the explainer page
     scheduler: Scheduler | None = None  # started by create_app
 
     @property
@@ -28,3 +28,13 @@ class ServedModel:
         if self.scheduler is not None:
             return self.scheduler.max_len
         return self.model.config.max_position_embeddings
+
+
+def find_served(models: Mapping[str, ServedModel], name: str | None) -> ServedModel:
+    """The model a request names; None names the only one when there is one. Unknown: 404."""
+    if name is None and len(models) == 1:
+        return next(iter(models.values()))
+    if name not in models:
+        raise APIError(404, f"The model {name!r} does not exist (served: {', '.join(models)})",
+                       param="model", code="model_not_found")
+    return models[name]

@@ -6,6 +6,8 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from nexttok.generate import Step
+
 
 @dataclass
 class Usage:
@@ -30,7 +32,9 @@ def _token_bytes(tokenizer, token_id: int) -> list[int]:
     return list(tokenizer.decode_bytes([token_id]))
 
 
-class _Format:
+class ResponseFormat:
+    """One request's response shape: whole responses, stream chunks and choices from Steps."""
+
     object_name = ""
     chunk_object = ""
     prefix = ""
@@ -50,8 +54,20 @@ class _Format:
     def usage_chunk(self, usage: Usage) -> dict:
         return {**self._envelope(self.chunk_object), "choices": [], "usage": usage.as_dict()}
 
+    def choice(self, index: int, steps: list[Step]) -> dict:
+        """Choice `index` of a whole response, from all its steps."""
+        raise NotImplementedError
 
-class CompletionFormat(_Format):
+    def start_chunks(self, index: int) -> list[dict]:
+        """Chunks that open choice `index` of a stream."""
+        raise NotImplementedError
+
+    def step_chunk(self, index: int, step: Step) -> dict | None:
+        """The chunk of one step of choice `index` (None: nothing to send)."""
+        raise NotImplementedError
+
+
+class CompletionFormat(ResponseFormat):
     """/v1/completions: logprobs as {tokens, token_logprobs, top_logprobs, text_offset}."""
 
     object_name = chunk_object = "text_completion"
@@ -83,7 +99,7 @@ class CompletionFormat(_Format):
         return {**self._envelope(self.chunk_object), "choices": [choice]}
 
 
-class ChatFormat(_Format):
+class ChatFormat(ResponseFormat):
     """/v1/chat/completions: logprobs as {content: [{token, logprob, bytes, top_logprobs}]}."""
 
     object_name = "chat.completion"

@@ -17,13 +17,14 @@ import asyncio
 import collections
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
 import torch
 
 from nexttok.cache import SlotCache
 from nexttok.generate import Generation, Step
+from nexttok.models import Model
 from nexttok.server.metrics import Metrics
 
 
@@ -58,7 +59,7 @@ class Job:
 
 
 class Scheduler:
-    def __init__(self, model, *, max_running: int = 8, max_queue: int = 64, max_len: int | None = None,
+    def __init__(self, model: Model, *, max_running: int = 8, max_queue: int = 64, max_len: int | None = None,
                  timeout: float | None = None, metrics: Metrics | None = None, batch_invariant: bool = True):
         self.model = model
         parameter = next(model.parameters())
@@ -89,7 +90,7 @@ class Scheduler:
 
     # -- the request side (event loop) ----------------------------------------------------------
 
-    async def submit(self, generation: Generation) -> AsyncIterator[Step]:
+    async def submit(self, generation: Generation) -> AsyncGenerator[Step, None]:
         """Steps of one generation as the worker produces them."""
         if self._stopping:
             raise ShuttingDown("the server is shutting down")

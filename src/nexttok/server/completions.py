@@ -1,0 +1,105 @@
+"""The generation routes, POST /v1/completions and POST /v1/chat/completions: a request body
+becomes one GenerationPlan, each choice a Generation submitted to the model's scheduler."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from fastapi import FastAPI
+
+from nexttok.errors import InvalidParameter
+from nexttok.generate import Generation, prompt_ids_for
+from nexttok.sampling import SamplingParams
+from nexttok.server.engine import ServedModel, find_served
+from nexttok.server.errors import APIError
+from nexttok.server.responses import ChatFormat, CompletionFormat, ResponseFormat
+from nexttok.server.schemas import ChatRequest, CompletionRequest, SamplingFields
+from nexttok.server.streaming import Run, respond
+
+DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+@dataclass(frozen=True)
+class GenerationPlan:
+    """Generation settings shared by every choice of a request."""
+
+    params: SamplingParams
+    max_tokens: int | None  # None: until a stop or the context window is full
+    stop: tuple[str, ...]
+    top_n: int = 0  # top alternatives (logprobs) recorded per token
+
+    @classmethod
+    def of(cls, body: SamplingFields, max_tokens: int | None, top_n: int) -> GenerationPlan:
+        """Ranges, counts and the form of logit_bias keys were checked by the request schema; what
+        needs the model, by Generation."""
+        stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+        bias = {int(key): value for key, value in (body.logit_bias or {}).items()}
+        params = SamplingParams(
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            top_k=body.top_k if body.top_k not in (None, -1) else 0,
+            min_p=body.min_p or 0.0, presence_penalty=body.presence_penalty or 0.0,
+            frequency_penalty=body.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+            logit_bias=bias, seed=body.seed)
+        return cls(params, max_tokens, stop, top_n)
+
+    def params_for_choice(self, index: int) -> SamplingParams:
+        """Choice i of a seeded request uses seed + i: distinct choices, each reproducible."""
+        if self.params.seed is None or index == 0:
+            return self.params
+        return replace(self.params, seed=(self.params.seed + index) % 2**63)
+
+    def generation(self, served: ServedModel, ids: list[int], index: int) -> Generation:
+        """Choice `index` of the request, over the prompt `ids`."""
+        return Generation(served.model.config, served.tokenizer, ids, self.params_for_choice(index),
+                          max_tokens=self.max_tokens, stop=self.stop, top_n=self.top_n,
+                          context_limit=served.context_length)
+
+
+def install_generation_routes(app: FastAPI) -> None:
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest):
+        served = find_served(app.state.models, body.model)
+        prompts = _completion_prompts(served, body.prompt)
+        max_tokens = body.max_tokens if body.max_tokens is not None else DEFAULT_COMPLETION_TOKENS
+        plan = GenerationPlan.of(body, max_tokens, top_n=body.logprobs or 0)
+        jobs = [(p, i * body.n + k) for i, p in enumerate(prompts) for k in range(body.n)]
+        fmt = CompletionFormat(served.name, served.tokenizer, logprobs=body.logprobs is not None)
+        return await _respond(served, body, jobs, plan, fmt)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatRequest):
+        served = find_served(app.state.models, body.model)
+        if served.chat_template is None:
+            raise APIError(400, f"model {served.name!r} has no chat template; use /v1/completions",
+                           param="messages", code="no_chat_template")
+        if body.top_logprobs is not None and not body.logprobs:
+            raise InvalidParameter("top_logprobs", "top_logprobs requires logprobs to be true")
+        ids = _prompt_ids(served, served.tokenizer.encode(served.chat_template.render(body.messages)))
+        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        plan = GenerationPlan.of(body, max_tokens, top_n=(body.top_logprobs or 0) if body.logprobs else 0)
+        fmt = ChatFormat(served.name, served.tokenizer, logprobs=body.logprobs, top_logprobs=body.top_logprobs or 0)
+        return await _respond(served, body, [(ids, k) for k in range(body.n)], plan, fmt)
+
+
+async def _respond(served: ServedModel, body: SamplingFields, jobs: Sequence[tuple[list[int], int]],
+                   plan: GenerationPlan, fmt: ResponseFormat):
+    """Submit every (prompt ids, choice index) job together, then answer as the body asks."""
+    if body.stream_options is not None and not body.stream:
+        raise InvalidParameter("stream_options", "stream_options is only allowed when stream is true")
+    runs = [Run(ids, index, served.scheduler.submit(plan.generation(served, ids, index))) for ids, index in jobs]
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return await respond(runs, fmt, stream=body.stream, include_usage=include_usage)
+
+
+def _completion_prompts(served: ServedModel, prompt: str | list[int] | list[str]) -> list[list[int]]:
+    """Token ids of each prompt (the schema bounds their number and rejects empty lists)."""
+    if isinstance(prompt, str) or all(isinstance(p, int) for p in prompt):
+        prompt = [prompt]
+    return [_prompt_ids(served, p) for p in prompt]
+
+
+def _prompt_ids(served: ServedModel, prompt: str | list[int]) -> list[int]:
+    return prompt_ids_for(served.model, served.tokenizer, prompt, served.context_length)

@@ -1,0 +1,102 @@
+"""Errors in OpenAI's shape: {"error": {"message", "type", "param", "code"}}, and the handlers that
+turn every exception a request can raise into one (client mistakes are 4xx, never 500)."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from nexttok.chat import ChatTemplateError
+from nexttok.errors import InvalidParameter
+from nexttok.server.scheduler import GenerationFailed, QueueFull, RequestTimeout, ShuttingDown
+
+
+class APIError(Exception):
+    """A request the server refuses, with the HTTP status and OpenAI's error fields."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+
+
+def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
+                   kind: str = "invalid_request_error") -> JSONResponse:
+    """error_response(404, "no such model", "model") -> JSONResponse with OpenAI's error body."""
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return JSONResponse(body, status_code=status)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Every exception a route can raise, as an OpenAI-shaped error response."""
+    _install_request_errors(app)
+    _install_scheduler_errors(app)
+
+
+def _install_request_errors(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, e: APIError):
+        return error_response(e.status, e.message, e.param, e.code, e.kind)
+
+    @app.exception_handler(InvalidParameter)
+    async def invalid_parameter(request: Request, e: InvalidParameter):
+        return error_response(400, str(e), e.param, e.code)
+
+    @app.exception_handler(ChatTemplateError)
+    async def chat_template(request: Request, e: ChatTemplateError):
+        return error_response(400, str(e), "messages")
+
+    @app.exception_handler(RequestValidationError)
+    async def validation(request: Request, e: RequestValidationError):
+        message, param = describe_validation(e.errors())
+        return error_response(400, message, param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException):
+        message = f"no route {request.method} {request.url.path}" if e.status_code in (404, 405) else str(e.detail)
+        code = {404: "not_found", 413: "body_too_large"}.get(e.status_code)
+        return error_response(e.status_code, message, code=code)
+
+
+def _install_scheduler_errors(app: FastAPI) -> None:
+    @app.exception_handler(QueueFull)
+    async def queue_full(request: Request, e: QueueFull):
+        response = error_response(429, f"server busy: {e}; retry shortly", code="queue_full",
+                                  kind="rate_limit_error")
+        response.headers["Retry-After"] = "1"
+        return response
+
+    @app.exception_handler(RequestTimeout)
+    async def timeout(request: Request, e: RequestTimeout):
+        return error_response(504, str(e), code="timeout", kind="timeout_error")
+
+    @app.exception_handler(GenerationFailed)
+    async def generation_failed(request: Request, e: GenerationFailed):
+        return error_response(500, str(e), code="generation_failed", kind="server_error")
+
+    @app.exception_handler(ShuttingDown)
+    async def shutting_down(request: Request, e: ShuttingDown):
+        return error_response(503, str(e), code="shutting_down", kind="server_error")
+
+
+def describe_validation(errors: list[dict]) -> tuple[str, str | None]:
+    """One clear message from pydantic's list, naming the (top-level) parameter:
+    [{"type": "missing", "loc": ("body", "prompt")}] -> ("Missing required parameter: prompt", "prompt")."""
+    first = errors[0]
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = loc[0] if loc else None
+    kind = first.get("type")
+    if kind == "json_invalid":
+        return f"request body is not valid JSON: {first.get('ctx', {}).get('error', '')}", None
+    if kind == "extra_forbidden":
+        return f"Unrecognized request argument supplied: {'.'.join(loc)}", param
+    if kind == "missing":
+        return f"Missing required parameter: {'.'.join(loc)}", param
+    if kind in ("model_attributes_type", "model_type") and not loc:
+        return "request body must be a JSON object", None
+    # a union (e.g. stop: string or list) fails once per alternative: say them all
+    same = [e.get("msg", "") for e in errors if [str(p) for p in e.get("loc", ()) if p != "body"][:1] == loc[:1]]
+    reasons = "; or ".join(dict.fromkeys(same))
+    return f"Invalid value for {param}: {reasons}", param

@@ -1,0 +1,73 @@
+"""What the server lets in: its limits (batch, waiting line, timeout, context, body size) and the
+middleware that refuses request bodies over the size limit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from nexttok.server.errors import error_response
+
+
+@dataclass
+class ServerLimits:
+    max_running: int = 8  # requests decoded together in one batch, per model
+    max_queue: int = 64  # requests waiting for a slot before new ones get 429
+    request_timeout: float | None = 600.0  # seconds from arrival to the last token
+    max_model_len: int | None = 4096  # prompt + completion; None: the model's own context
+    batch_invariant: bool = True  # same tokens alone or in any batch (decode always runs max_running rows)
+    max_body_bytes: int = 4 << 20  # larger request bodies get 413
+
+    def __post_init__(self) -> None:
+        for name in ("max_running", "max_queue"):
+            if type(getattr(self, name)) is not int or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
+        if self.request_timeout is not None and not self.request_timeout > 0:
+            raise ValueError(f"request_timeout must be > 0 seconds, got {self.request_timeout!r}")
+        if self.max_model_len is not None and (type(self.max_model_len) is not int or self.max_model_len < 2):
+            raise ValueError(f"max_model_len must be an integer >= 2, got {self.max_model_len!r}")
+        if type(self.max_body_bytes) is not int or self.max_body_bytes < 1024:
+            raise ValueError(f"max_body_bytes must be an integer >= 1024, got {self.max_body_bytes!r}")
+
+
+class BodyTooLarge(StarletteHTTPException):
+    """Raised while reading a body past the limit (an HTTPException, so FastAPI's body parsing
+    passes it on instead of turning it into a 400)."""
+
+    def __init__(self, limit: int):
+        super().__init__(413, f"request body is larger than {limit} bytes")
+
+
+class BodyLimit:
+    """ASGI middleware: refuse request bodies over max_bytes, by Content-Length up front or while reading."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                return await error_response(400, "Content-Length is not a number")(scope, receive, send)
+            if int(declared) > self.max_bytes:
+                return await _too_large(self.max_bytes)(scope, receive, send)
+        seen = 0
+
+        async def counted():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise BodyTooLarge(self.max_bytes)
+            return message
+
+        await self.app(scope, counted, send)
+
+
+def _too_large(limit: int) -> JSONResponse:
+    return error_response(413, BodyTooLarge(limit).detail, code="body_too_large")

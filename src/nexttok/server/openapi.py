@@ -1,0 +1,53 @@
+"""The OpenAPI spec of the responses this server really gives: OpenAI-shaped errors (never
+FastAPI's 422), and server-sent events for streaming requests."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from nexttok.server.auth import needs_key
+from nexttok.server.schemas import ErrorResponse
+
+ERROR_RESPONSES = {
+    "400": "a parameter is invalid (the error names it as `param`) or the body is not valid JSON",
+    "401": "the API key is missing or wrong",
+    "404": "unknown model or explainer session",
+    "413": "the request body is larger than the server accepts",
+    "429": "the waiting line is full; retry after Retry-After seconds",
+    "500": "generation failed inside the server",
+    "503": "the server is shutting down",
+    "504": "the request ran past the server's request timeout",
+}
+STREAMING_PATHS = ("/v1/completions", "/v1/chat/completions")
+
+
+def openapi_spec(app: FastAPI, with_auth: bool) -> dict:
+    """FastAPI's spec with the error responses and event streams put right (built once per app)."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    error_schema = ErrorResponse.model_json_schema(ref_template="#/components/schemas/{model}")
+    components.update(error_schema.pop("$defs", {}))
+    components["ErrorResponse"] = error_schema
+    for path, operations in schema.get("paths", {}).items():
+        for operation in operations.values():
+            _fix_responses(path, operation.setdefault("responses", {}), with_auth)
+    components.pop("HTTPValidationError", None)
+    components.pop("ValidationError", None)
+    app.openapi_schema = schema
+    return schema
+
+
+def _fix_responses(path: str, responses: dict, with_auth: bool) -> None:
+    """One operation's responses: the errors it can give instead of 422; SSE where it streams."""
+    error_content = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
+    responses.pop("422", None)
+    for code, description in ERROR_RESPONSES.items():
+        if code == "401" and (not with_auth or not needs_key(path)):
+            continue
+        responses[code] = {"description": description, "content": error_content}
+    if path in STREAMING_PATHS:
+        responses["200"].setdefault("content", {})["text/event-stream"] = {
+            "schema": {"type": "string", "description": "data: {chunk} lines, then data: [DONE]"}}

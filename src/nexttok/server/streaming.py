@@ -1,0 +1,99 @@
+"""From a request's running generations to its HTTP answer: one JSON body once every choice is
+done, or server-sent events (`data: {chunk}` lines, then `data: [DONE]`) as the steps arrive."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
+
+from fastapi.responses import StreamingResponse
+
+from nexttok.generate import Step
+from nexttok.server.responses import ResponseFormat, Usage
+from nexttok.server.scheduler import GenerationFailed, RequestTimeout, ShuttingDown
+
+
+@dataclass
+class Run:
+    """One choice of a request, submitted to the scheduler: its prompt ids, its choice index and
+    the steps the scheduler yields for it."""
+
+    ids: list[int]
+    index: int
+    steps: AsyncGenerator[Step, None]
+
+
+async def respond(runs: list[Run], fmt: ResponseFormat, *, stream: bool,
+                  include_usage: bool) -> dict | StreamingResponse:
+    """Wait for the first step (errors before it become a 4xx/5xx response), then answer."""
+    try:
+        first = await runs[0].steps.__anext__()
+        if not stream:
+            return await collect(runs, first, fmt)
+    except BaseException:
+        await close(runs)
+        raise
+    return StreamingResponse(events(runs, first, fmt, include_usage), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def collect(runs: list[Run], first: Step, fmt: ResponseFormat) -> dict:
+    """All choices at once; they were submitted together, so they decode in one batch."""
+    async def steps_of(n: int, run: Run) -> list[Step]:
+        return [s async for s in _chain([first] if n == 0 else [], run.steps)]
+
+    collected = await asyncio.gather(*(steps_of(n, run) for n, run in enumerate(runs)))
+    usage = Usage()
+    choices = []
+    for run, steps in zip(runs, collected, strict=True):
+        choices.append(fmt.choice(run.index, steps))
+        usage.add(len(run.ids), len(steps))
+    return fmt.response(choices, usage)
+
+
+async def close(runs: list[Run]) -> None:
+    """End every run's generation (the scheduler drops a request whose steps are closed early)."""
+    for run in runs:
+        await run.steps.aclose()
+
+
+async def events(runs: list[Run], first: Step, fmt: ResponseFormat, include_usage: bool) -> AsyncIterator[bytes]:
+    """The event stream: the choices one after another; an error mid-stream becomes an error event."""
+    usage = Usage()
+    try:
+        for n, run in enumerate(runs):
+            for chunk in fmt.start_chunks(run.index):
+                yield event(chunk, include_usage)
+            count = 0
+            async for step in _chain([first] if n == 0 else [], run.steps):
+                count += 1
+                chunk = fmt.step_chunk(run.index, step)
+                if chunk is not None:
+                    yield event(chunk, include_usage)
+            usage.add(len(run.ids), count)
+        if include_usage:
+            yield event(fmt.usage_chunk(usage), False)
+    except (ValueError, RequestTimeout, ShuttingDown, GenerationFailed) as e:  # say so, end cleanly
+        kind = "timeout_error" if isinstance(e, RequestTimeout) else "server_error"
+        yield event({"error": {"message": str(e), "type": kind, "param": None, "code": None}}, False)
+    finally:
+        await close(runs)
+    yield b"data: [DONE]\n\n"
+
+
+async def _chain(first: list[Step], rest: AsyncIterator[Step]) -> AsyncIterator[Step]:
+    for step in first:
+        yield step
+        if step.finish_reason:
+            return
+    async for step in rest:
+        yield step
+
+
+def event(payload: dict, include_usage: bool) -> bytes:
+    """event({"a": 1}, False) -> b'data: {"a": 1}\\n\\n'; with include_usage, chunks carry "usage": null."""
+    if include_usage and "usage" not in payload:
+        payload = {**payload, "usage": None}
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n".encode()
