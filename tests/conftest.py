@@ -128,6 +128,25 @@ def gpt2_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def chat_model_dir(tmp_path_factory, gpt2_dir) -> Path:
+    """The servers' test model (tiny Llama, GPT-2 vocab, ChatML template), written once."""
+    from tiny_models import write_chat_model
+
+    return write_chat_model(tmp_path_factory.mktemp("chat_model"), gpt2_dir)
+
+
+@pytest.fixture(scope="module")
+def tiny_live(chat_model_dir):
+    """(a live server with default limits over the test model, its ServedModel)."""
+    from live_server import LiveServer
+    from nexttok.server import create_app, load_served
+
+    served = load_served(str(chat_model_dir), "tiny")
+    with LiveServer(create_app([served])) as server:
+        yield server, served
+
+
+@pytest.fixture(scope="session")
 def gpt2(gpt2_dir):
     return from_directory(gpt2_dir)
 

@@ -15,21 +15,13 @@ from live_server import LiveServer
 from nexttok.cache import SlotCache
 from nexttok.generate import Generation
 from nexttok.server import ServerLimits, create_app, load_served
-from tiny_models import write_chat_model
 
 MODEL = "tiny"
 NO_EOS = {"logit_bias": {"50256": -100}}  # long generations must not end early by sampling EOS
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, gpt2_dir):
-    directory = tmp_path_factory.mktemp("batching")
-    write_chat_model(directory, gpt2_dir)
-    return directory
-
-
-def _server(model_dir, **limits):
-    return LiveServer(create_app([load_served(str(model_dir), MODEL)], limits=ServerLimits(**limits)))
+def _server(chat_model_dir, **limits):
+    return LiveServer(create_app([load_served(str(chat_model_dir), MODEL)], limits=ServerLimits(**limits)))
 
 
 def _complete(url, **body):
@@ -58,8 +50,8 @@ REQUESTS = [{"prompt": f"Request number {i} says", "max_tokens": 24,
             for i in range(8)]
 
 
-def test_same_tokens_alone_and_in_a_batch_of_8(model_dir):
-    with _server(model_dir, max_running=8) as live:
+def test_same_tokens_alone_and_in_a_batch_of_8(chat_model_dir):
+    with _server(chat_model_dir, max_running=8) as live:
         alone = [_complete(live.url, **body).json()["choices"][0]["text"] for body in REQUESTS]
         before = _metrics(live.url)
         with ThreadPoolExecutor(8) as pool:
@@ -73,7 +65,7 @@ def test_same_tokens_alone_and_in_a_batch_of_8(model_dir):
     assert tokens / steps > 2  # requests really shared decode steps
 
 
-def test_without_batch_invariance_decode_runs_only_the_running_rows(model_dir, monkeypatch):
+def test_without_batch_invariance_decode_runs_only_the_running_rows(chat_model_dir, monkeypatch):
     """batch_invariant=False: no scratch rows, so a batch's rows are the running requests and no
     more; the answers stay right (greedy tokens as alone, logprobs equal up to float rounding)."""
     batches = []  # (rows in the decode step, requests running)
@@ -87,7 +79,7 @@ def test_without_batch_invariance_decode_runs_only_the_running_rows(model_dir, m
     monkeypatch.setattr(SlotCache, "running_view", running_view)
     requests = [{"prompt": f"Request number {i} says", "max_tokens": 24, "temperature": 0, "logprobs": 1}
                 for i in range(4)]
-    with _server(model_dir, max_running=4, batch_invariant=False) as live:
+    with _server(chat_model_dir, max_running=4, batch_invariant=False) as live:
         alone = [_complete(live.url, **body).json() for body in requests]
         assert batches and all(n == running == 1 for n, running in batches)  # alone: one row, not 4
         batches.clear()
@@ -103,8 +95,8 @@ def test_without_batch_invariance_decode_runs_only_the_running_rows(model_dir, m
             a["choices"][0]["logprobs"]["token_logprobs"], abs=1e-4)
 
 
-def test_n_choices_decode_together(model_dir):
-    with _server(model_dir, max_running=4) as live:
+def test_n_choices_decode_together(chat_model_dir):
+    with _server(chat_model_dir, max_running=4) as live:
         before = _metrics(live.url)
         result = _complete(live.url, prompt="Hi", max_tokens=16, n=4, seed=9, temperature=1.0).json()
         after = _metrics(live.url)
@@ -113,8 +105,8 @@ def test_n_choices_decode_together(model_dir):
     assert steps < 4 * 15
 
 
-def test_full_queue_gets_429_with_retry_after(model_dir):
-    with _server(model_dir, max_running=1, max_queue=1) as live:
+def test_full_queue_gets_429_with_retry_after(chat_model_dir):
+    with _server(chat_model_dir, max_running=1, max_queue=1) as live:
         long = {"prompt": "Long", "max_tokens": 3000, "temperature": 1.0, **NO_EOS}
         blockers = [threading.Thread(target=_stream_events, args=(live.url, long)) for _ in range(2)]
         for thread, (gauge, value) in zip(blockers, [("running", 1), ("queue_depth", 1)], strict=True):
@@ -134,8 +126,8 @@ def test_full_queue_gets_429_with_retry_after(model_dir):
             assert not thread.is_alive()
 
 
-def test_request_timeout(model_dir):
-    with _server(model_dir, request_timeout=0.3) as live:
+def test_request_timeout(chat_model_dir):
+    with _server(chat_model_dir, request_timeout=0.3) as live:
         response = _complete(live.url, prompt="Slow", max_tokens=3000, temperature=1.0, **NO_EOS)
         assert response.status_code == 504 and response.json()["error"]["code"] == "timeout"
         events = _stream_events(live.url, {"prompt": "Slow", "max_tokens": 3000, "temperature": 1.0, **NO_EOS})
@@ -144,7 +136,7 @@ def test_request_timeout(model_dir):
         assert _complete(live.url, prompt="quick", max_tokens=3).status_code == 200  # still serving
 
 
-def test_a_failing_request_leaves_the_others_alone(model_dir, monkeypatch):
+def test_a_failing_request_leaves_the_others_alone(chat_model_dir, monkeypatch):
     original = Generation.sample
 
     def sample(self, logits, elapsed, prefill):
@@ -153,7 +145,7 @@ def test_a_failing_request_leaves_the_others_alone(model_dir, monkeypatch):
         return original(self, logits, elapsed, prefill)
 
     monkeypatch.setattr(Generation, "sample", sample)
-    with _server(model_dir) as live:
+    with _server(chat_model_dir) as live:
         expected = _complete(live.url, prompt="healthy", max_tokens=20, temperature=0).json()["choices"][0]["text"]
         with ThreadPoolExecutor(4) as pool:
             poisoned = pool.submit(_complete, live.url, prompt="poison", max_tokens=20, temperature=0)
@@ -168,8 +160,8 @@ def test_a_failing_request_leaves_the_others_alone(model_dir, monkeypatch):
         assert _metrics(live.url)["nexttok_failed_total"] == 2
 
 
-def test_slow_reader_does_not_hold_up_others(model_dir):
-    with _server(model_dir) as live:
+def test_slow_reader_does_not_hold_up_others(chat_model_dir):
+    with _server(chat_model_dir) as live:
         slow = threading.Thread(target=_stream_events,
                                 args=(live.url, {"prompt": "slow", "max_tokens": 40}, 0.1))
         slow.start()
@@ -181,8 +173,8 @@ def test_slow_reader_does_not_hold_up_others(model_dir):
         slow.join(timeout=30)
 
 
-def test_disconnects_free_slots(model_dir):
-    with _server(model_dir, max_running=2) as live:
+def test_disconnects_free_slots(chat_model_dir):
+    with _server(chat_model_dir, max_running=2) as live:
         body = {"model": MODEL, "prompt": "Go", "max_tokens": 3000, "stream": True, "temperature": 1.0, **NO_EOS}
         for _ in range(3):  # three times more than the slots: each disconnect must free its slot
             with httpx.stream("POST", live.url + "/v1/completions", json=body, timeout=60) as response:
@@ -196,8 +188,8 @@ def test_disconnects_free_slots(model_dir):
         assert _complete(live.url, prompt="after", max_tokens=3).status_code == 200
 
 
-def test_shutdown_while_streaming_ends_streams_cleanly(model_dir):
-    live = _server(model_dir).__enter__()
+def test_shutdown_while_streaming_ends_streams_cleanly(chat_model_dir):
+    live = _server(chat_model_dir).__enter__()
     events: list = []
     reader = threading.Thread(target=lambda: events.extend(
         _stream_events(live.url, {"prompt": "Forever", "max_tokens": 3000, "temperature": 1.0, **NO_EOS})))
@@ -214,8 +206,8 @@ def test_shutdown_while_streaming_ends_streams_cleanly(model_dir):
     assert events[-1] == "[DONE]" and "shutting down" in events[-2]["error"]["message"]
 
 
-def test_metrics_format(model_dir):
-    with _server(model_dir) as live:
+def test_metrics_format(chat_model_dir):
+    with _server(chat_model_dir) as live:
         _complete(live.url, prompt="m", max_tokens=4)
         text = httpx.get(live.url + "/metrics").text
     for name in ("nexttok_queue_depth", "nexttok_running", "nexttok_tokens_generated_total",
@@ -231,7 +223,7 @@ def test_bad_limits():
         ServerLimits(request_timeout=-1)
 
 
-def test_nexttok_serve_runs_and_exits_cleanly_on_sigint(model_dir):
+def test_nexttok_serve_runs_and_exits_cleanly_on_sigint(chat_model_dir):
     """The real command: scheduler in the main thread, uvicorn in another; Ctrl-C ends a stream
     that is still open with an error event and [DONE], and the process exits 0."""
     import os
@@ -244,7 +236,7 @@ def test_nexttok_serve_runs_and_exits_cleanly_on_sigint(model_dir):
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
-    process = subprocess.Popen([sys.executable, "-m", "nexttok", "serve", str(model_dir), "--port", str(port),
+    process = subprocess.Popen([sys.executable, "-m", "nexttok", "serve", str(chat_model_dir), "--port", str(port),
                                 "--served-model-name", MODEL, "--log-level", "warning"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
     try:

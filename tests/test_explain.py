@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import torch
 
-from live_server import LiveServer
 from nexttok.errors import InvalidParameter
 from nexttok.explain import ExplainSession
 from nexttok.generate import Generation, generate
@@ -29,10 +28,10 @@ from nexttok.sampling import (
     TopP,
     pick,
 )
-from nexttok.server import ServedModel, create_app, load_served
+from nexttok.server import ServedModel
 from nexttok.server.explainer import RedrawRequest, StepRequest
 from nexttok.server.schemas import SamplingFields
-from tiny_models import write_chat_model, write_tiny
+from tiny_models import write_tiny
 
 GREEDY = SamplingParams(temperature=0)
 PENALIZED = [
@@ -221,12 +220,8 @@ def test_request_bounds_come_from_the_sampling_table(name):
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory, gpt2_dir):
-    directory = tmp_path_factory.mktemp("explain_routes")
-    write_chat_model(directory, gpt2_dir)
-    served = load_served(str(directory), "tiny")
-    with LiveServer(create_app([served])) as server:
-        yield server, served
+def live(tiny_live):
+    return tiny_live
 
 
 def test_routes_step_and_redraw(live):

@@ -15,10 +15,7 @@ import warnings
 import pytest
 import torch
 
-from live_server import LiveServer
 from nexttok.sampling import SamplerChain, SamplingParams
-from nexttok.server import create_app, load_served
-from tiny_models import write_chat_model
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
@@ -45,12 +42,8 @@ def browser():
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory, gpt2_dir):
-    directory = tmp_path_factory.mktemp("page_model")
-    write_chat_model(directory, gpt2_dir)
-    served = load_served(str(directory), "tiny")
-    with LiveServer(create_app([served])) as server:
-        yield server, served
+def live(tiny_live):
+    return tiny_live
 
 
 def _set_dial(page, name: str, value) -> None:

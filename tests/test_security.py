@@ -15,17 +15,14 @@ from live_server import LiveServer
 from nexttok import tokenizer as tokenizer_module
 from nexttok.sampling import SamplerChain, SamplingParams
 from nexttok.server import ServerLimits, create_app, load_served
-from tiny_models import write_chat_model
 
 MODEL = "tiny"
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory, gpt2_dir):
-    directory = tmp_path_factory.mktemp("security")
-    write_chat_model(directory, gpt2_dir)
+def live(chat_model_dir):
     limits = ServerLimits(max_body_bytes=8192, max_model_len=128)
-    with LiveServer(create_app([load_served(str(directory), MODEL)], limits=limits)) as server:
+    with LiveServer(create_app([load_served(str(chat_model_dir), MODEL)], limits=limits)) as server:
         yield server
 
 

@@ -14,17 +14,14 @@ from live_server import LiveServer
 from nexttok.generate import generate, stream
 from nexttok.sampling import SamplingParams
 from nexttok.server import create_app, load_served
-from tiny_models import write_chat_model
 
 MODEL = "tiny"
 KEY = "sk-test-key"
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory, gpt2_dir):
-    directory = tmp_path_factory.mktemp("served")
-    write_chat_model(directory, gpt2_dir)
-    return load_served(str(directory), MODEL)
+def served(chat_model_dir):
+    return load_served(str(chat_model_dir), MODEL)
 
 
 @pytest.fixture(scope="module")
