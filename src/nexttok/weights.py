@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from nexttok.config import CheckpointError, ModelConfig
+from nexttok.models.fused import FusedLinear, fused_parts
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -114,9 +115,19 @@ class _TensorIndex:
         self._handle, self._handle_path, self._read = None, None, 0
 
 
-def _checkpoint_keys(model, name: str) -> list[str]:
+def checkpoint_keys(model, name: str) -> list[str]:
     """Names our parameter may have in a checkpoint: prefixed, or bare as in old GPT-2 files."""
     return [name] if name.startswith(model.UNPREFIXED) else [model.CHECKPOINT_PREFIX + name, name]
+
+
+def tensor_parts(model: torch.nn.Module, name: str, shape: torch.Size) -> list[tuple[str, tuple[int, ...]]]:
+    """(our checkpoint name, shape) of each tensor that makes parameter `name`: itself, or the
+    stacked parts of a fused projection (q, k, v rows of qkv_proj.weight)."""
+    module_name, leaf = name.rsplit(".", 1)
+    module = model.get_submodule(module_name)
+    if not isinstance(module, FusedLinear):
+        return [(name, tuple(shape))]
+    return [(f"{part}.{leaf}", (rows, *shape[1:])) for part, rows in fused_parts(module_name, module).items()]
 
 
 def assign_weights(model: torch.nn.Module, files: list[Path]) -> None:
@@ -127,23 +138,27 @@ def assign_weights(model: torch.nn.Module, files: list[Path]) -> None:
     for name, param in model.state_dict(keep_vars=True).items():
         if tied and name == "lm_head.weight":
             continue  # shares the embedding's tensor
-        candidates = _checkpoint_keys(model, name)
-        key = next((c for c in candidates if c in index.where), None)
-        if key is None:
-            raise CheckpointError(f"tensor {candidates[0]!r} is missing from the checkpoint")
-        tensor = index.get(key)
-        if not tensor.is_floating_point():
-            raise CheckpointError(f"tensor {key!r} has dtype {tensor.dtype}, expected floating point")
-        if name.endswith(model.TRANSPOSED):
-            tensor = tensor.T
-        if tensor.shape != param.shape:
-            raise CheckpointError(f"tensor {key!r} has shape {tuple(tensor.shape)}, "
-                                  f"expected {tuple(param.shape)} for this config")
+        parts = [_read_part(model, index, part, shape, used) for part, shape in tensor_parts(model, name, param.shape)]
         with torch.no_grad():
-            param.copy_(tensor)
-        used.add(key)
+            param.copy_(parts[0] if len(parts) == 1 else torch.cat(parts))
     index.close()
     _check_unused(set(index.where) - used, tied)
+
+
+def _read_part(model, index: _TensorIndex, name: str, shape: tuple[int, ...], used: set[str]) -> torch.Tensor:
+    candidates = checkpoint_keys(model, name)
+    key = next((c for c in candidates if c in index.where), None)
+    if key is None:
+        raise CheckpointError(f"tensor {candidates[0]!r} is missing from the checkpoint")
+    tensor = index.get(key)
+    if not tensor.is_floating_point():
+        raise CheckpointError(f"tensor {key!r} has dtype {tensor.dtype}, expected floating point")
+    if name.endswith(model.TRANSPOSED):
+        tensor = tensor.T
+    if tuple(tensor.shape) != shape:
+        raise CheckpointError(f"tensor {key!r} has shape {tuple(tensor.shape)}, expected {shape} for this config")
+    used.add(key)
+    return tensor
 
 
 def _check_unused(unused: set[str], tied: bool) -> None:

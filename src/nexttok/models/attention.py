@@ -115,14 +115,15 @@ def positions_for(ids: torch.Tensor, cache: Cache | None, positions: torch.Tenso
 
 
 def masks_for(q_pos: torch.Tensor, k_pos: torch.Tensor, windows: set[int | None], contiguous: bool,
-              spans: list[tuple[int, int]] | None = None) -> dict:
+              cache: Cache | None = None) -> dict:
     """One mask per distinct window size among the layers: {None: full, 4096: sliding, ...}.
 
     contiguous: every row's keys are positions 0..S-1 in order (no padding, no holes), so decode
     and a fresh prompt need no mask tensor while the window does not cut anything.
-    spans: for one token per row, the keys [start, end) each row sees (a batch of sequences of
-    different lengths, each stored from slot 0): attention goes row by row (Ragged).
+    cache.spans: for one token per row, the keys [start, end) each row sees (a batch of sequences
+    of different lengths, each stored from slot 0): attention goes row by row (Ragged).
     """
+    spans = cache.spans if cache is not None else None
     t, s = q_pos.shape[1], k_pos.shape[1]
     masks: dict = {}
     for w in windows:

@@ -101,7 +101,7 @@ class GPT2(nn.Module):
         capture: records what a viewer asks for (attention weights) on the way."""
         q_pos = positions_for(ids, cache, positions, self.config.max_position_embeddings)
         k_pos, contiguous = keys_for(q_pos, cache, explicit=positions is not None)  # (B, S)
-        masks = masks_for(q_pos, k_pos, {None}, contiguous, cache.spans if cache is not None else None)
+        masks = masks_for(q_pos, k_pos, {None}, contiguous, cache)
         x = self.wte(ids) + self.wpe(q_pos.clamp(min=0))  # (B, T, hidden)
         for block in self.h:
             x = block(x, masks, cache, capture)

@@ -4,7 +4,8 @@ ids ─embed_tokens→ x ─N × [x += attn(RMSNorm(x)); x += SwiGLU(RMSNorm(x))
 
 Attention uses rotary position embeddings (RoPE) on q and k, grouped-query heads (several query
 heads share one key/value head), optional q/k/v bias (Qwen2) and sliding windows (Mistral).
-Module names follow the HF checkpoint ("model." prefix aside).
+Module names follow the HF checkpoint ("model." prefix aside), except that q/k/v and gate/up are
+each one fused matmul (fused.py); the loaders stack the checkpoint's parts.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torch import nn
 from nexttok.cache import Cache
 from nexttok.config import ModelConfig
 from nexttok.models.attention import AttentionCapture, attend, keys_for, masks_for, positions_for
+from nexttok.models.fused import FusedLinear
 
 
 class RMSNorm(nn.Module):
@@ -68,18 +70,19 @@ class Attention(nn.Module):
         self.n_head, self.n_kv_head, self.head_dim = (
             config.num_attention_heads, config.num_key_value_heads, config.head_dim)
         hidden, bias = config.hidden_size, config.attention_bias
-        self.q_proj = nn.Linear(hidden, self.n_head * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(hidden, self.n_kv_head * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(hidden, self.n_kv_head * self.head_dim, bias=bias)
+        q_rows, kv_rows = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
+        self.qkv_proj = FusedLinear(hidden, {"q_proj": q_rows, "k_proj": kv_rows, "v_proj": kv_rows}, bias)
+        self.qkv_sizes = [q_rows, kv_rows, kv_rows]
         self.o_proj = nn.Linear(self.n_head * self.head_dim, hidden, bias=config.o_proj_bias)
         sliding = config.layer_types[layer_idx] == "sliding_attention"
         self.window = config.sliding_window if sliding else None
 
     def forward(self, x, cos, sin, masks, cache, capture):
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.n_head, self.head_dim).transpose(1, 2)  # (B, n_head, T, hd)
-        k = self.k_proj(x).view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv, T, hd)
-        v = self.v_proj(x).view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv, T, hd)
+        q, k, v = self.qkv_proj(x).split(self.qkv_sizes, dim=-1)
+        q = q.view(b, t, self.n_head, self.head_dim).transpose(1, 2)  # (B, n_head, T, hd)
+        k = k.view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv, T, hd)
+        v = v.view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv, T, hd)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.update_and_fetch(self.layer_idx, k, v)  # (B, n_kv, S, hd)
@@ -93,12 +96,12 @@ class MLP(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         hidden, inner, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
-        self.gate_proj = nn.Linear(hidden, inner, bias=bias)
-        self.up_proj = nn.Linear(hidden, inner, bias=bias)
+        self.gate_up_proj = FusedLinear(hidden, {"gate_proj": inner, "up_proj": inner}, bias)
         self.down_proj = nn.Linear(inner, hidden, bias=bias)
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -152,7 +155,7 @@ class Llama(nn.Module):
         capture: records what a viewer asks for (attention weights) on the way."""
         q_pos = positions_for(ids, cache, positions, self.config.max_position_embeddings)
         k_pos, contiguous = keys_for(q_pos, cache, explicit=positions is not None)  # (B, S)
-        masks = masks_for(q_pos, k_pos, self._windows, contiguous, cache.spans if cache is not None else None)
+        masks = masks_for(q_pos, k_pos, self._windows, contiguous, cache)
         rows = q_pos.clamp(min=0)
         x = self.embed_tokens(ids)  # (B, T, hidden)
         cos = self.rope_cos[rows].to(x.dtype)[:, None]  # (B, 1, T, hd/2)
