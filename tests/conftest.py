@@ -128,6 +128,16 @@ def gpt2_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def converted_default(tmp_path_factory) -> Path:
+    """The default model's GGUF written as an HF checkpoint directory by `nexttok convert`."""
+    from nexttok.cli import main
+
+    out = tmp_path_factory.mktemp("converted") / "smollm2"
+    assert main(["convert", "default", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="session")
 def chat_model_dir(tmp_path_factory, gpt2_dir) -> Path:
     """The servers' test model (tiny Llama, GPT-2 vocab, ChatML template), written once."""
     from tiny_models import write_chat_model

@@ -20,8 +20,9 @@ MODEL = "tiny"
 NO_EOS = {"logit_bias": {"50256": -100}}  # long generations must not end early by sampling EOS
 
 
-def _server(chat_model_dir, **limits):
-    return LiveServer(create_app([load_served(str(chat_model_dir), MODEL)], limits=ServerLimits(**limits)))
+def _server(chat_model_dir, dtype=None, **limits):
+    served = load_served(str(chat_model_dir), MODEL, dtype=dtype)
+    return LiveServer(create_app([served], limits=ServerLimits(**limits)))
 
 
 def _complete(url, **body):
@@ -50,8 +51,9 @@ REQUESTS = [{"prompt": f"Request number {i} says", "max_tokens": 24,
             for i in range(8)]
 
 
-def test_same_tokens_alone_and_in_a_batch_of_8(chat_model_dir):
-    with _server(chat_model_dir, max_running=8) as live:
+@pytest.mark.parametrize("dtype", [None, "int4", "int8"])
+def test_same_tokens_alone_and_in_a_batch_of_8(chat_model_dir, dtype):
+    with _server(chat_model_dir, dtype, max_running=8) as live:
         alone = [_complete(live.url, **body).json()["choices"][0]["text"] for body in REQUESTS]
         before = _metrics(live.url)
         with ThreadPoolExecutor(8) as pool:

@@ -46,15 +46,15 @@ def test_render_matches_transformers(tmp_path, template, conversation, add_gener
     assert ours.render(conversation, add_generation_prompt=add_generation_prompt) == expected
 
 
-def test_default_model_template_matches_transformers():
+def test_default_model_template_matches_transformers(converted_default):
     from transformers import AutoTokenizer
 
-    from nexttok.bundled import DEFAULT_MODEL
-    from nexttok.sources import bundled_model_dir
+    from nexttok.loading import load_checkpoint
 
-    directory = bundled_model_dir(DEFAULT_MODEL)
-    hf = AutoTokenizer.from_pretrained(directory)
-    template = ChatTemplate.from_directory(directory)
+    hf = AutoTokenizer.from_pretrained(converted_default)
+    template = ChatTemplate.from_directory(converted_default)
+    from_gguf = load_checkpoint("default").chat_template
+    assert from_gguf is not None and from_gguf.source == template.source
     for conversation in CONVERSATIONS:
         expected = hf.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
         assert template.render(conversation) == expected

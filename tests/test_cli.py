@@ -63,7 +63,8 @@ def test_run_streams_and_reports_speed(capsys, tiny_dir, gpt2):
 
     assert main(["run", str(tiny_dir), "The capital of France is", "--seed", "3", "--max-tokens", "8"]) == 0
     captured = capsys.readouterr()
-    model, tokenizer = load_checkpoint(tiny_dir)
+    checkpoint = load_checkpoint(tiny_dir)
+    model, tokenizer = checkpoint.model, checkpoint.tokenizer
     params = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=3)
     expected = generate(model, tokenizer, "The capital of France is", params, max_tokens=8)
     assert captured.out == expected.text + "\n"

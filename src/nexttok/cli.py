@@ -15,6 +15,8 @@ from nexttok.bundled import DEFAULT_MODEL
 from nexttok.sources import load_tokenizer
 from nexttok.tokenizer import Piece
 
+DTYPE_HELP = ("auto (default: a .gguf as shipped, quantized; a checkpoint directory in float32 on CPU), "
+              "float32, bfloat16, float16, or int8 / int4 (linear layers quantized at load)")
 # llama.cpp's defaults for an interactive run; the library's SamplingParams defaults are neutral
 CLI_SAMPLING = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repetition_penalty=1.0)
 
@@ -84,10 +86,8 @@ def _model_and_prompt(args: argparse.Namespace) -> tuple[str, str]:
 def _load(model: str, args: argparse.Namespace):
     from nexttok.loading import load_checkpoint
 
-    def converting(target) -> None:
-        Console(stderr=True).print(f"[dim]first use of {model}: converting it once to {target}[/]")
-
-    return load_checkpoint(model, dtype=args.dtype, device=args.device, on_convert=converting)
+    checkpoint = load_checkpoint(model, dtype=args.dtype, device=args.device)
+    return checkpoint.model, checkpoint.tokenizer
 
 
 def _step_record(step) -> dict:
@@ -185,7 +185,7 @@ def _add_generation_args(p: argparse.ArgumentParser, max_tokens: int | None) -> 
     p.add_argument("--repetition-penalty", type=float, default=CLI_SAMPLING["repetition_penalty"])
     p.add_argument("--seed", type=int, default=None, help="same seed, same tokens")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--dtype", default=None, help="float32 (CPU default), bfloat16, float16")
+    p.add_argument("--dtype", default=None, help=DTYPE_HELP)
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     if max_tokens is not None:
         p.add_argument("--max-tokens", type=int, default=max_tokens, help="(default %(default)s)")
@@ -210,6 +210,18 @@ def cmd_models(args: argparse.Namespace, out: Console) -> int:
     for repo, path in _hf_cached_checkpoints():
         table.add_row(repo, "model, HF cache", "see its model card", str(path))
     out.print(table)
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace, out: Console) -> int:
+    from nexttok.convert import convert_gguf
+    from nexttok.sources import local_checkpoint
+
+    found = local_checkpoint(args.model, missing="GGUF file")
+    if found is None or not found.is_file():
+        raise ValueError(f"{args.model} is not a .gguf file or a bundled model name")
+    target = convert_gguf(found, args.out)
+    out.print(f"wrote {target} (float32 safetensors, tokenizer.json, tokenizer_config.json)")
     return 0
 
 
@@ -244,8 +256,7 @@ def cmd_serve(args: argparse.Namespace, out: Console) -> int:
     served = []
     for i, source in enumerate(sources):
         err.print(f"[dim]loading {source} ...[/]")
-        served.append(load_served(source, names[i] if names else None, dtype=args.dtype, device=args.device,
-                                  on_convert=lambda t, s=source: err.print(f"[dim]converting {s} once to {t}[/]")))
+        served.append(load_served(source, names[i] if names else None, dtype=args.dtype, device=args.device))
     api_key = args.api_key or os.environ.get("NEXTTOK_API_KEY")
     limits = ServerLimits(max_running=args.max_running, max_queue=args.max_queue,
                           request_timeout=args.request_timeout or None, max_model_len=args.max_model_len or None,
@@ -291,7 +302,7 @@ def _add_serve_parser(sub) -> None:
     serve.add_argument("--api-key", default=None,
                        help="require 'Authorization: Bearer KEY' (also $NEXTTOK_API_KEY)")
     serve.add_argument("--served-model-name", action="append", help="name clients use (one per model)")
-    serve.add_argument("--dtype", default=None)
+    serve.add_argument("--dtype", default=None, help=DTYPE_HELP)
     serve.add_argument("--device", default=None)
     serve.add_argument("--max-running", type=int, default=8, help="requests decoded together (default 8)")
     serve.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429 (default 64)")
@@ -349,6 +360,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     models = sub.add_parser("models", help="list the models and tokenizers available locally")
     models.set_defaults(func=cmd_models)
+
+    convert = sub.add_parser("convert", help="write a GGUF model as an HF checkpoint directory (float32)")
+    convert.add_argument("model", help=f".gguf file or bundled model name (default model: {DEFAULT_MODEL})")
+    convert.add_argument("out", help="directory to write (config.json, model.safetensors, tokenizer files)")
+    convert.set_defaults(func=cmd_convert)
     return parser
 
 

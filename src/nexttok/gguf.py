@@ -15,10 +15,14 @@ mapping is ours:
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import numpy as np
@@ -77,17 +81,27 @@ class GGUFError(ValueError):
     """A GGUF file that is unreadable or describes something nexttok does not support."""
 
 
+@dataclass(frozen=True)
+class TensorEntry:
+    """Where one tensor's bytes are in the file."""
+
+    name: str  # llama.cpp's name
+    kind: str  # GGML type name: "Q4_1", "Q8_0", "F32", ...
+    dims: tuple[int, ...]  # HF order: (rows, columns) or (n,)
+    offset: int  # from the start of the file
+    n_bytes: int
+
+
 @dataclass
 class GGUFFile:
     """An opened GGUF, its config and tokenizer already mapped (so an unsupported file fails here,
-    before any tensor is read); tensors() reads the weights one at a time."""
+    before any tensor is read); blocks() and tensors() read the weights one at a time."""
 
     path: Path
     config: dict  # HF config.json
-    meta: dict[str, Any] = field(repr=False)  # metadata key -> value (a GGUFError where unreadable)
     tokenizer: dict = field(repr=False)  # HF tokenizer.json
     tokenizer_config: dict = field(repr=False)  # HF tokenizer_config.json (special tokens, chat template)
-    reader: Any = field(repr=False)  # the `gguf` package's GGUFReader
+    entries: list[TensorEntry] = field(repr=False)
 
     @property
     def generation_config(self) -> dict:
@@ -96,19 +110,101 @@ class GGUFFile:
 
     def tensors(self) -> Iterator[tuple[str, np.ndarray]]:
         """(HF name, float32 array) for every tensor, dequantized and un-permuted."""
-        return hf_tensors(self.reader, self.config)
+        return ((tensor.name, tensor.dequantize()) for tensor in self.blocks())
+
+    def blocks(self) -> Iterator[GGUFTensor]:
+        """Every tensor as stored (quantized blocks kept, the file mapped, not read), under its HF
+        name; llama's Q/K rows (whole rows of blocks) un-permuted."""
+        import numpy as np
+
+        data = np.memmap(self.path, dtype=np.uint8, mode="r")
+        permute = self.config["model_type"] == "llama"
+        for entry in self.entries:
+            name, raw = hf_tensor_name(entry.name), _raw(data, entry)
+            if permute and ".q_proj.weight" in name:
+                raw = _unpermute(raw, self.config["num_attention_heads"])
+            elif permute and ".k_proj.weight" in name:
+                raw = _unpermute(raw, self.config["num_key_value_heads"])
+            yield GGUFTensor(name, entry.kind, entry.dims, raw)
 
 
-def read_gguf(path: str | Path) -> GGUFFile:
-    """Open a GGUF file and map its metadata to HF's config and tokenizer."""
+@dataclass
+class GGUFTensor:
+    """One tensor as the file stores it. raw: (rows, bytes per row) for block formats (a block never
+    spans rows), or the values themselves for F32/F16; shape is HF's (rows, columns) or (n,)."""
+
+    name: str
+    kind: str  # GGML type name: "Q4_1", "Q8_0", "F32", ...
+    shape: tuple[int, ...]
+    raw: np.ndarray = field(repr=False)
+
+    def dequantize(self) -> np.ndarray:
+        """The values as float32, in HF's shape."""
+        import numpy as np
+        from gguf import GGMLQuantizationType, quants
+
+        try:
+            array = quants.dequantize(self.raw, GGMLQuantizationType[self.kind])
+        except Exception as e:
+            raise GGUFError(f"cannot dequantize GGUF tensor {self.name!r} ({self.kind}): {e}") from None
+        return np.ascontiguousarray(array.reshape(self.shape), dtype=np.float32)
+
+
+def _raw(data: np.ndarray, entry: TensorEntry) -> np.ndarray:
+    """A tensor's bytes as the `gguf` package's reader gives them: F32/F16 values in their shape,
+    other types (rows, bytes per row)."""
+    import numpy as np
+
+    chunk = data[entry.offset : entry.offset + entry.n_bytes]
+    if entry.kind in ("F32", "F16"):
+        return chunk.view(np.float32 if entry.kind == "F32" else np.float16).reshape(entry.dims)
+    rows = int(np.prod(entry.dims[:-1])) if len(entry.dims) > 1 else 1
+    return chunk.reshape(rows, -1)
+
+
+def read_gguf(path: str | Path, index_dir: Path | None = None) -> GGUFFile:
+    """Open a GGUF file and map its metadata to HF's config and tokenizer. The `gguf` package
+    parses the file (~6 s for a 49k-token vocabulary: it reads every metadata item through numpy);
+    with index_dir, what it found is kept there as JSON, keyed by the file's content, and the next
+    open reads only that."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {path}")
+    index = index_dir / f"{path.stem}-{fingerprint(path)}.json" if index_dir is not None else None
+    if index is not None and index.is_file():
+        data = json.loads(index.read_text(encoding="utf-8"))
+        entries = [TensorEntry(e["name"], e["kind"], tuple(e["dims"]), e["offset"], e["n_bytes"])
+                   for e in data["entries"]]
+        return GGUFFile(path, data["config"], data["tokenizer"], data["tokenizer_config"], entries)
     reader = _reader(path)
     meta = _fields(reader)
     config = hf_config(meta, {t.name for t in reader.tensors})
     tokenizer, tokenizer_config = hf_tokenizer(meta)
-    return GGUFFile(path, config, meta, tokenizer, tokenizer_config, reader)
+    entries = [TensorEntry(t.name, t.tensor_type.name, tuple(int(d) for d in reversed(t.shape)),
+                           int(t.data_offset), int(t.n_bytes)) for t in reader.tensors]
+    gguf = GGUFFile(path, config, tokenizer, tokenizer_config, entries)
+    if index is not None:
+        _write_index(index, gguf)
+    return gguf
+
+
+def fingerprint(path: Path) -> str:
+    """Short id of a file's content (size + sha256 of its first and last MiB)."""
+    digest = hashlib.sha256(str(path.stat().st_size).encode())
+    with path.open("rb") as f:
+        digest.update(f.read(1 << 20))
+        f.seek(max(0, path.stat().st_size - (1 << 20)))
+        digest.update(f.read())
+    return digest.hexdigest()[:12]
+
+
+def _write_index(index: Path, gguf: GGUFFile) -> None:
+    index.parent.mkdir(parents=True, exist_ok=True)
+    data = {"config": gguf.config, "tokenizer": gguf.tokenizer, "tokenizer_config": gguf.tokenizer_config,
+            "entries": [dataclasses.asdict(e) for e in gguf.entries]}
+    temporary = index.with_suffix(f".{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    os.replace(temporary, index)  # atomic: a reader never sees half an index
 
 
 def _reader(path: Path):
@@ -187,28 +283,6 @@ def hf_tensor_name(name: str) -> str:
     if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in TENSOR_NAMES:
         return f"model.layers.{parts[1]}.{TENSOR_NAMES[parts[2]]}"
     raise GGUFError(f"GGUF tensor {name!r} has no HF equivalent in nexttok's table")
-
-
-def hf_tensors(reader, config: dict) -> Iterator[tuple[str, np.ndarray]]:
-    """Yield (HF name, float32 array) for every tensor, dequantized and un-permuted."""
-    import numpy as np
-    from gguf import quants
-
-    permute = config["model_type"] == "llama"
-    for tensor in reader.tensors:
-        name = hf_tensor_name(tensor.name)
-        try:
-            array = quants.dequantize(tensor.data, tensor.tensor_type)
-        except Exception as e:
-            raise GGUFError(f"cannot dequantize GGUF tensor {tensor.name!r} "
-                            f"({tensor.tensor_type.name}): {e}") from None
-        expected = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists dims innermost first
-        array = np.ascontiguousarray(array.reshape(expected), dtype=np.float32)
-        if permute and ".q_proj.weight" in name:
-            array = _unpermute(array, config["num_attention_heads"])
-        elif permute and ".k_proj.weight" in name:
-            array = _unpermute(array, config["num_key_value_heads"])
-        yield name, array
 
 
 def hf_tokenizer(meta: dict) -> tuple[dict, dict]:

@@ -1,8 +1,13 @@
-"""A ready model (and its tokenizer) from any name sources.py resolves.
+"""A ready model, its tokenizer and chat template, from any name sources.py resolves.
 
-    directory = sources.resolve_checkpoint(name)
-    config.json → ModelConfig → model built on the meta device → weights copied in (weights.py)
-    tokenizer.json (tokenizer_json.py); stop ids from config.json and generation_config.json
+    path = sources.resolve_checkpoint(name)       a checkpoint directory, or a .gguf file
+    directory: config.json → ModelConfig → model built on the meta device → safetensors copied in
+               (weights.py); tokenizer.json; stop ids from config.json and generation_config.json
+    .gguf:     config, tokenizer and chat template from the file's metadata; weights kept as
+               shipped where a kernel runs them (gguf_weights.py)
+
+dtype: "auto" (float32 on CPU for a directory; a GGUF as shipped), float32 / bfloat16 / float16,
+or int8 / int4 (linear layers quantized at load, the rest in bfloat16).
 
 Kept apart from sources.py because this is where torch comes in: finding files and tokenizing
 need none of it.
@@ -10,47 +15,74 @@ need none of it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from nexttok.config import CheckpointError, read_config, read_generation_stop_ids
-from nexttok.models import build_model
-from nexttok.sources import OnConvert, resolve_checkpoint
+from nexttok.chat import ChatTemplate
+from nexttok.config import CheckpointError, from_hf_config, read_config, read_generation_stop_ids
+from nexttok.gguf_weights import gguf_model
+from nexttok.models import Model, build_model
+from nexttok.quant import BITS, quantize_linears
+from nexttok.sources import open_gguf, resolve_checkpoint
 from nexttok.tokenizer import Tokenizer
-from nexttok.tokenizer_json import from_directory
+from nexttok.tokenizer_json import from_directory, tokenizer_from_json
 from nexttok.weights import assign_weights, checkpoint_files, pick_device, pick_dtype
 
 
-def load_model(source: str | Path, *, dtype: str | torch.dtype | None = None,
-               device: str | None = None, on_convert: OnConvert | None = None) -> torch.nn.Module:
-    """A ready model (eval mode) from any source resolve_checkpoint takes; model.config holds its
-    config and model.directory the checkpoint directory."""
-    directory = resolve_checkpoint(source, on_convert)
+@dataclass
+class Checkpoint:
+    """A loaded model and what came with it."""
+
+    model: Model
+    tokenizer: Tokenizer
+    chat_template: ChatTemplate | None
+    path: Path  # the checkpoint directory or .gguf file it came from
+
+
+def load_checkpoint(source: str | Path, *, dtype: str | None = None, device: str | None = None) -> Checkpoint:
+    """Model, tokenizer and chat template of one checkpoint (any source resolve_checkpoint takes)."""
+    path = resolve_checkpoint(source)
+    if path.is_file():  # a .gguf
+        gguf = open_gguf(path)
+        config = from_hf_config(gguf.config)
+        model = gguf_model(gguf, config, dtype, pick_device(device)).eval()
+        tokenizer = tokenizer_from_json(gguf.tokenizer, f"{path.name} (tokenizer metadata)")
+        template = ChatTemplate.from_config(gguf.tokenizer_config)
+    else:
+        model = _directory_model(path, dtype, device)
+        tokenizer = from_directory(path)
+        template = ChatTemplate.from_directory(path)
+        for i in read_generation_stop_ids(path):
+            if i not in model.config.eos_token_id:
+                model.config.eos_token_id.append(i)
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise CheckpointError(f"tokenizer has {tokenizer.vocab_size} ids but the model only "
+                              f"{model.config.vocab_size} embeddings")
+    return Checkpoint(model, tokenizer, template, path)
+
+
+def load_model(source: str | Path, *, dtype: str | torch.dtype | None = None, device: str | None = None) -> Model:
+    """The model alone (eval mode), from any source load_checkpoint takes."""
+    path = resolve_checkpoint(source)
+    if path.is_file():
+        gguf = open_gguf(path)
+        return gguf_model(gguf, from_hf_config(gguf.config), dtype, pick_device(device)).eval()
+    return _directory_model(path, dtype, device)
+
+
+def _directory_model(directory: Path, dtype, device: str | None) -> Model:
     config = read_config(directory)
     files = checkpoint_files(directory)
     target = pick_device(device)
-    chosen = pick_dtype(dtype, target, config)
+    chosen = pick_dtype(None if dtype in BITS else dtype, target, config)
     with torch.device("meta"):
         model = build_model(config)
     model = model.to_empty(device=target).to(chosen)
     model.tie_weights()  # materializing off the meta device unties shared parameters
     assign_weights(model, files)
     model.init_buffers()
-    model.directory = directory
+    if dtype in BITS:
+        quantize_linears(model, BITS[dtype])
     return model.eval()
-
-
-def load_checkpoint(source: str | Path, *, dtype: str | torch.dtype | None = None, device: str | None = None,
-                    on_convert: OnConvert | None = None) -> tuple[torch.nn.Module, Tokenizer]:
-    """(model, tokenizer) from one checkpoint; stop ids from config.json and generation_config.json."""
-    model = load_model(source, dtype=dtype, device=device, on_convert=on_convert)
-    tokenizer = from_directory(model.directory)
-    config = model.config
-    for i in read_generation_stop_ids(model.directory):
-        if i not in config.eos_token_id:
-            config.eos_token_id.append(i)
-    if tokenizer.vocab_size > config.vocab_size:
-        raise CheckpointError(f"tokenizer has {tokenizer.vocab_size} ids but the model only "
-                              f"{config.vocab_size} embeddings")
-    return model, tokenizer

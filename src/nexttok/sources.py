@@ -1,29 +1,25 @@
-"""Where a checkpoint lives: a name → a local directory of HF files, and a name → a tokenizer.
+"""Where a checkpoint lives: a name → a local directory of HF files or a .gguf file, and a tokenizer.
 
-A name is a local directory; a .gguf file (converted once into the nexttok cache); a bundled
-model name or "default"; or a Hugging Face hub id, found in the HF cache or downloaded. This is
-the only module that knows where things live. It imports no torch, so `nexttok tokenize` and
-`import nexttok` stay light; loading.py builds a model from the directory found here.
+A name is a local directory; a .gguf file; a bundled model name or "default" (its GGUF file); or
+a Hugging Face hub id, found in the HF cache or downloaded. This is the only module that knows
+where things live. It imports no torch, so `nexttok tokenize` and `import nexttok` stay light;
+loading.py builds a model from what is found here.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 from nexttok.bundled import BUNDLED_MODELS, BUNDLED_TOKENIZERS, DEFAULT_MODEL, bundled_model_file, tokenizer_dir
 from nexttok.config import CheckpointError
-from nexttok.convert import convert_gguf
+from nexttok.gguf import GGUFFile, read_gguf
 from nexttok.tokenizer import Tokenizer
-from nexttok.tokenizer_json import from_directory, from_tokenizer_json
+from nexttok.tokenizer_json import from_directory, from_tokenizer_json, tokenizer_from_json
 
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt"]
 CHECKPOINT_FILES = ["config.json", "generation_config.json", "*.safetensors",
                     "model.safetensors.index.json", *TOKENIZER_FILES]
-
-OnConvert = Callable[[Path], None]  # told the target directory before a GGUF conversion starts
 
 
 class CheckpointNotFound(FileNotFoundError):
@@ -38,29 +34,9 @@ def cache_home() -> Path:
     return Path(base) / "nexttok"
 
 
-def fingerprint(path: Path) -> str:
-    """Short id of a file's content (size + sha256 of its first and last MiB)."""
-    digest = hashlib.sha256(str(path.stat().st_size).encode())
-    with path.open("rb") as f:
-        digest.update(f.read(1 << 20))
-        f.seek(max(0, path.stat().st_size - (1 << 20)))
-        digest.update(f.read())
-    return digest.hexdigest()[:12]
-
-
-def gguf_checkpoint(gguf: Path, name: str, on_convert: OnConvert | None = None) -> Path:
-    """HF checkpoint directory for a GGUF file, converting it on first use."""
-    target = cache_home() / "models" / f"{name}-{fingerprint(gguf)}"
-    if not (target / "config.json").is_file():
-        if on_convert is not None:
-            on_convert(target)
-        convert_gguf(gguf, target)
-    return target
-
-
-def bundled_model_dir(name: str, on_convert: OnConvert | None = None) -> Path:
-    """Checkpoint directory of a bundled model (converted from its GGUF on first use)."""
-    return gguf_checkpoint(bundled_model_file(name), name, on_convert)
+def open_gguf(path: Path) -> GGUFFile:
+    """A GGUF file, its parsed metadata kept in the nexttok cache (the next open is instant)."""
+    return read_gguf(path, index_dir=cache_home() / "gguf")
 
 
 def looks_like_path(name: str) -> bool:
@@ -68,18 +44,17 @@ def looks_like_path(name: str) -> bool:
     return name.startswith(("/", "./", "../", "~")) or "\\" in name
 
 
-def local_checkpoint(source: str | Path, *, missing: str = "file or directory",
-                     on_convert: OnConvert | None = None) -> Path | None:
-    """The checkpoint directory a source names without the hub: a directory; a .gguf file
-    (converted once); a bundled model name or "default". None for anything else (a hub id, or a
-    file that is not a GGUF); FileNotFoundError("no such {missing}") for a path that does not exist."""
+def local_checkpoint(source: str | Path, *, missing: str = "file or directory") -> Path | None:
+    """The checkpoint a source names without the hub: a directory; a .gguf file; the GGUF file of
+    a bundled model name or "default". None for anything else (a hub id, or a file that is not a
+    GGUF); FileNotFoundError("no such {missing}") for a path that does not exist."""
     path, name = Path(source), str(source)
     if path.is_dir():
         return path
     if path.is_file():
-        return gguf_checkpoint(path, path.stem, on_convert) if path.suffix == ".gguf" else None
+        return path if path.suffix == ".gguf" else None
     if name in BUNDLED_MODELS or name == "default":
-        return bundled_model_dir(DEFAULT_MODEL if name == "default" else name, on_convert)
+        return bundled_model_file(DEFAULT_MODEL if name == "default" else name)
     if looks_like_path(name):
         raise FileNotFoundError(f"no such {missing}: {name}")
     return None
@@ -111,13 +86,12 @@ def hub_snapshot(repo_id: str, patterns: list[str]) -> Path:
         ) from None
 
 
-def resolve_checkpoint(source: str | Path, on_convert: OnConvert | None = None) -> Path:
-    """Directory of a checkpoint: a local directory; a .gguf file (converted once into the nexttok
-    cache); a bundled model name (or "default"); or a hub id fetched to (or found in) the HF cache.
-    on_convert(target) is called before a GGUF conversion starts (it takes a few seconds)."""
-    directory = local_checkpoint(source, missing="checkpoint directory", on_convert=on_convert)
-    if directory is not None:
-        return directory
+def resolve_checkpoint(source: str | Path) -> Path:
+    """A checkpoint directory or .gguf file: a local directory; a .gguf file; a bundled model name
+    (or "default": its GGUF); or a hub id fetched to (or found in) the HF cache."""
+    found = local_checkpoint(source, missing="checkpoint directory")
+    if found is not None:
+        return found
     if Path(source).exists():
         raise CheckpointError(
             f"{source} is a file; give the checkpoint directory (config.json + *.safetensors)"
@@ -135,7 +109,9 @@ def load_tokenizer(source: str | Path) -> Tokenizer:
         directory = tokenizer_dir(name)
         if directory is not None and directory.is_dir():
             return from_directory(directory)
-    directory = local_checkpoint(source)
-    if directory is not None:
-        return from_directory(directory)
+    found = local_checkpoint(source)
+    if found is not None and found.is_file():  # a GGUF: the tokenizer is in its metadata
+        return tokenizer_from_json(open_gguf(found).tokenizer, f"{found.name} (tokenizer metadata)")
+    if found is not None:
+        return from_directory(found)
     return from_directory(hub_snapshot(name, TOKENIZER_FILES))

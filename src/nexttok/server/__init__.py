@@ -6,6 +6,7 @@ from pathlib import Path
 
 import uvicorn
 
+from nexttok.loading import load_checkpoint
 from nexttok.server.app import create_app
 from nexttok.server.engine import ServedModel
 from nexttok.server.limits import ServerLimits
@@ -53,13 +54,9 @@ def serve_in_main_thread(app, served: list[ServedModel], *, host: str, port: int
             signal.signal(sig, handler)
 
 
-def load_served(source: str, name: str | None = None, *, dtype=None, device=None,
-                on_convert=None) -> ServedModel:
+def load_served(source: str, name: str | None = None, *, dtype=None, device=None) -> ServedModel:
     """Load a checkpoint for serving; its name defaults to the source as given (a path's folder name)."""
-    from nexttok.chat import ChatTemplate
-    from nexttok.loading import load_checkpoint
-
-    model, tokenizer = load_checkpoint(source, dtype=dtype, device=device, on_convert=on_convert)
+    checkpoint = load_checkpoint(source, dtype=dtype, device=device)
     path = Path(source)
     default_name = path.name if path.exists() else str(source)
-    return ServedModel(name or default_name, model, tokenizer, ChatTemplate.from_directory(model.directory))
+    return ServedModel(name or default_name, checkpoint.model, checkpoint.tokenizer, checkpoint.chat_template)

@@ -1,0 +1,117 @@
+"""A model's weights from a GGUF file, kept as the file ships them where a kernel runs them.
+
+    Q4_0, Q4_1, Q4_K linear layers  → Int4Linear (exactly the file's 4-bit groups, no float copy;
+                                       rows a multiple of 16, as the kernel needs)
+    any other type (Q8_0, Q5_K, Q6_K, F16, F32) → dequantized (the `gguf` package) into a float
+                                       layer; for a Q8_0 embedding that is the tied lm_head too
+    dtype float32 / bfloat16         → every tensor dequantized on purpose (no file written)
+    dtype int8 / int4                → dequantized, then quantized again our way (quant.py)
+
+The model runs in bfloat16 when its linear layers are quantized: the 4-bit and 8-bit kernels are
+fast with bfloat16 activations only. Fused projections (q/k/v, gate/up) stack their parts' groups
+before packing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+from torch import nn
+
+from nexttok.config import CheckpointError, ModelConfig
+from nexttok.gguf import GGUFFile, GGUFTensor
+from nexttok.gguf_blocks import INT4_KINDS, int4_groups
+from nexttok.models import build_model
+from nexttok.models.fused import fused_parts
+from nexttok.quant import ACTIVATION, BITS, Int4Linear, quantized_linear
+from nexttok.weights import DTYPES, checkpoint_keys
+
+
+def gguf_model(gguf: GGUFFile, config: ModelConfig, dtype: str | None, device: torch.device) -> nn.Module:
+    """The model of a GGUF file; dtype None/"auto": as shipped (see above)."""
+    if dtype not in (None, "auto", *BITS, *DTYPES):
+        raise ValueError(f"dtype must be one of auto, {', '.join(BITS)}, {', '.join(DTYPES)}; got {dtype!r}")
+    as_shipped = dtype in (None, "auto") and device.type == "cpu"  # the 4-bit kernel runs on the CPU
+    floats = DTYPES.get(dtype, ACTIVATION)
+    tensors = {t.name: t for t in gguf.blocks()}
+    with torch.device("meta"):
+        model = build_model(config)
+    tied = config.tie_word_embeddings
+    for name, module in list(model.named_modules()):
+        if isinstance(module, nn.Linear) and not (tied and name == "lm_head"):
+            parts = [_take(model, tensors, f"{part}.weight") for part in fused_parts(name, module)]
+            _check_rows(name, parts, module)
+            bias = _bias(model, tensors, name, module, floats, device)
+            model.set_submodule(name, _linear(parts, bias, as_shipped, dtype, floats, device))
+    for name, param in list(model.named_parameters()):
+        if param.is_meta:
+            value = _dense(_take(model, tensors, name), floats, device)
+            _check_shape(name, value, param)
+            owner, leaf = name.rsplit(".", 1)
+            setattr(model.get_submodule(owner), leaf, nn.Parameter(value, requires_grad=False))
+    if tensors:
+        raise CheckpointError(f"GGUF has {len(tensors)} tensors this architecture does not use: "
+                              f"{', '.join(sorted(tensors)[:5])}")
+    model.tie_weights()
+    model.init_buffers()
+    return model
+
+
+def _take(model: nn.Module, tensors: dict[str, GGUFTensor], name: str) -> GGUFTensor:
+    for key in checkpoint_keys(model, name):
+        if key in tensors:
+            return tensors.pop(key)
+    raise CheckpointError(f"tensor {checkpoint_keys(model, name)[0]!r} is missing from the GGUF file")
+
+
+def _bias(model, tensors, name: str, module: nn.Linear, dtype, device) -> torch.Tensor | None:
+    if module.bias is None:
+        return None
+    parts = [_take(model, tensors, f"{part}.bias") for part in fused_parts(name, module)]
+    return torch.cat([_dense(p, dtype, device) for p in parts])
+
+
+def _linear(parts: list[GGUFTensor], bias, as_shipped: bool, dtype: str | None, floats: torch.dtype,
+            device: torch.device) -> nn.Module:
+    rows, columns = sum(p.shape[0] for p in parts), parts[0].shape[1]
+    if as_shipped and all(p.kind in INT4_KINDS for p in parts) and Int4Linear.fits(rows, columns):
+        groups = [int4_groups(p.kind, p.raw) for p in parts]
+        return Int4Linear.from_groups(*(torch.cat(g) for g in zip(*groups, strict=True)), bias)
+    if dtype in BITS:
+        weight = torch.cat([_dense(p, torch.float32, torch.device("cpu")) for p in parts])  # (N, K)
+        return quantized_linear(weight, bias, BITS[dtype])
+    weight = torch.cat([_dense(p, floats, device) for p in parts])
+    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+    layer.weight = nn.Parameter(weight, requires_grad=False)
+    if bias is not None:
+        layer.bias = nn.Parameter(bias, requires_grad=False)
+    return layer
+
+
+def _dense(tensor: GGUFTensor, dtype: torch.dtype, device: torch.device, rows: int = 4096) -> torch.Tensor:
+    """The tensor's values as `dtype`, dequantized a few thousand rows at a time (a 49152-row
+    embedding never exists as a whole in float32)."""
+    if len(tensor.shape) == 1:
+        return torch.from_numpy(np.array(tensor.dequantize())).to(device, dtype)
+    out = torch.empty(tensor.shape, dtype=dtype, device=device)
+    for start in range(0, tensor.shape[0], rows):
+        part = dataclasses.replace(tensor, shape=(min(rows, tensor.shape[0] - start), *tensor.shape[1:]),
+                                   raw=tensor.raw[start : start + rows])
+        out[start : start + rows] = torch.from_numpy(np.array(part.dequantize()))
+    return out
+
+
+def _check_rows(name: str, parts: list[GGUFTensor], module: nn.Linear) -> None:
+    rows = sum(p.shape[0] for p in parts)
+    if rows != module.out_features or any(p.shape[1:] != (module.in_features,) for p in parts):
+        shapes = ", ".join(f"{p.name} {p.shape}" for p in parts)
+        raise CheckpointError(f"GGUF tensors for {name!r} have shapes {shapes}, expected "
+                              f"{module.out_features} rows of {module.in_features} in all")
+
+
+def _check_shape(name: str, value: torch.Tensor, param: torch.Tensor) -> None:
+    if value.shape != param.shape:
+        raise CheckpointError(f"GGUF tensor for {name!r} has shape {tuple(value.shape)}, "
+                              f"expected {tuple(param.shape)}")
