@@ -3,13 +3,11 @@ run the same sampler chain; and the explainer's routes."""
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import math
 import time
 
 import httpx
-import numpy as np
 import pytest
 import torch
 
@@ -17,8 +15,8 @@ from nexttok.errors import InvalidParameter
 from nexttok.explain import ExplainSession
 from nexttok.generate import Generation, generate
 from nexttok.loading import load_model
+from nexttok.parameters import PARAMETERS
 from nexttok.sampling import (
-    PARAMETERS,
     History,
     MinP,
     Penalties,
@@ -96,16 +94,17 @@ def test_timing_of_prefill_and_decode(model, gpt2):
 def test_view_carries_what_the_page_shows(model, gpt2):
     session = ExplainSession(model, gpt2, [1, 2, 3, 4], seed=0)
     view = session.step(SamplingParams(temperature=0.7, top_k=20, seed=0), top_n=12)
-    logits = np.frombuffer(base64.b64decode(view["logits"]), dtype="<f4")
+    assert "logits" not in view  # the whole vocabulary's logits stay on the server
+    logits = session.forward(view["node"]).logits
     with torch.inference_mode():
         expected = model(torch.tensor([[1, 2, 3, 4]]))[0, -1]
-    np.testing.assert_allclose(logits, expected.numpy(), atol=1e-5)
+    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=0)
     assert len(view["attention"]) == model.config.num_hidden_layers
     assert len(view["attention"][0]) == model.config.num_attention_heads and len(view["attention"][0][0]) == 4
     assert [s.name for s in view["step"].stages] == ["raw", "top_k", "temperature"]
     assert 0 <= view["step"].draw < 1
     p = expected.softmax(-1)
-    final = Temperature(0.7)(TopK(20)(torch.from_numpy(logits.copy()), History.start([], 128)), None).softmax(-1)
+    final = Temperature(0.7)(TopK(20)(logits, History.start([], 128)), None).softmax(-1)
     assert [r["id"] for r in view["rows"]] == torch.topk(p, 12).indices.tolist()
     for row in view["rows"]:
         assert row["p"] == pytest.approx(float(p[row["id"]]), abs=1e-6)
@@ -124,8 +123,7 @@ def test_branch_reuses_the_prefix_and_matches_recompute(model, gpt2):
     path = [7, 8, 9, *session.path(after["node"])]
     with torch.inference_mode():
         expected = model(torch.tensor([path]))[0, -1]
-    got = torch.from_numpy(np.frombuffer(base64.b64decode(after["logits"]), dtype="<f4").copy())
-    torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
+    torch.testing.assert_close(session.forward(after["node"]).logits, expected, atol=1e-4, rtol=0)
     parent = session.nodes[branch_at]
     assert len(parent.children) == 2
     session.goto(first[1]["child"])
@@ -229,7 +227,7 @@ def test_routes_step_and_redraw(live):
     post = lambda path, body: httpx.post(server.url + path, json=body, timeout=60)  # noqa: E731
     table = httpx.get(server.url + "/explain/parameters", timeout=60).json()
     assert table["dials"]["top_p"] == PARAMETERS["top_p"].as_json() and table["dials"]["temperature"]["high"] is None
-    assert table["order"] == table["stages"] == list(SamplingParams().order)
+    assert table["order"] == list(SamplingParams().order) and set(table) == {"dials", "order"}
     key = post("/explain/sessions", {"prompt": "The capital of France is", "seed": 5}).json()["session"]
     first = post(f"/explain/sessions/{key}/step", {"temperature": 0.8, "top_k": 30}).json()
     dials = {"temperature": 1.2, "top_p": 0.7, "repetition_penalty": 1.6, "frequency_penalty": 0.4,

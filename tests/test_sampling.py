@@ -8,8 +8,8 @@ import re
 import pytest
 import torch
 
+from nexttok.parameters import PARAMETERS
 from nexttok.sampling import (
-    PARAMETERS,
     History,
     LogitBias,
     MinP,
@@ -83,8 +83,8 @@ def test_order_matters_temperature_before_top_p():
     temp_first = SamplerChain.from_params(
         SamplingParams(temperature=0.5, top_p=0.85, order=["temperature", "top_p"]), 3)
     assert [s.name for s in default.stages] == ["top_p", "temperature"]
-    assert _kept(default(logits, NO_HISTORY)) == [0, 1]  # top_p saw the untempered 0.7/0.2/0.1
-    assert _kept(temp_first(logits, NO_HISTORY)) == [0]  # sharpened first: 0.907 alone reaches 0.85
+    assert _kept(default(logits)) == [0, 1]  # top_p saw the untempered 0.7/0.2/0.1
+    assert _kept(temp_first(logits)) == [0]  # sharpened first: 0.907 alone reaches 0.85
 
 
 def test_neutral_settings_build_no_stage():
@@ -255,5 +255,9 @@ def test_the_table_is_what_validate_enforces(name):
         else:
             with pytest.raises(ValueError, match=re.escape(f"{name} must be {bound.allowed()}, got {value!r}")):
                 SamplingParams(**{name: value})
-    assert bound.limits() == {("gt" if bound.low_open else "ge"): bound.low,
-                              **({} if bound.high == math.inf else {("lt" if bound.high_open else "le"): bound.high})}
+
+
+def test_bounds_as_pydantic_limits():
+    assert PARAMETERS["top_p"].limits() == {"gt": 0.0, "le": 1.0}
+    assert PARAMETERS["temperature"].limits() == {"ge": 0.0}  # no upper end
+    assert PARAMETERS["seed"].limits() == {"ge": 0, "lt": 2**63}

@@ -9,6 +9,7 @@ import time
 import httpx
 import openai
 import pytest
+import torch
 
 from live_server import LiveServer
 from nexttok.generate import generate, stream
@@ -108,6 +109,15 @@ def test_completion_logprobs(client, served):
     texts = [s.text for s in steps]
     assert logprobs.text_offset == [sum(len(t) for t in texts[:i]) for i in range(5)]
     assert result.choices[0].text == "".join(texts)
+    # One value apart from stream() (which shares build_step with the server): the first token's
+    # logprob straight from the served model's logits.
+    ids = served.tokenizer.encode("A", add_special=True)
+    assert result.usage.prompt_tokens == len(ids)
+    with torch.inference_mode():
+        first = torch.log_softmax(served.model(torch.tensor([ids]))[0, -1].float(), -1)
+    token = int(first.argmax())  # greedy
+    assert logprobs.tokens[0] == served.tokenizer.pieces([token])[0].text
+    assert logprobs.token_logprobs[0] == pytest.approx(float(first[token]), abs=1e-5)
 
 
 def test_seed_reproducibility_and_n(client):

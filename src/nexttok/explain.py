@@ -3,8 +3,9 @@
 The page (and anything else) asks for one step; the session runs the model on whatever part of
 the chosen path the KV cache does not hold yet (the whole prompt the first time, one token after
 that), samples with the dials it is given, and returns the Step record plus what a viewer shows:
-the raw logits, the probabilities after the sampler chain, the attention of the last position, and
-the timings. `redraw` re-runs the chain on a node's cached logits with other dials (no model call).
+the model's top tokens with their probabilities before and after the sampler chain, the attention
+of the last position, and the timings. `redraw` re-runs the chain on a node's cached logits with
+other dials (no model call).
 Any node of the tree can be continued with any token (a branch); the cache keeps the longest
 prefix it shares with the new path and recomputes only the rest.
 
@@ -15,7 +16,6 @@ is made by generate.build_step.
 
 from __future__ import annotations
 
-import base64
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -24,7 +24,7 @@ import torch
 
 from nexttok.cache import KVCache
 from nexttok.errors import InvalidParameter
-from nexttok.generate import Step, build_step, prompt_ids_for
+from nexttok.generate import Step, build_step, context_window, prompt_ids_for
 from nexttok.models import Model
 from nexttok.models.attention import AttentionCapture
 from nexttok.sampling import SamplerChain, SamplingParams, StageRecord, Uniforms
@@ -71,7 +71,7 @@ class ExplainSession:
                  seed: int | None = None):
         self.model, self.tokenizer = model, tokenizer
         config = model.config
-        limit = min(max_len, config.max_position_embeddings)
+        limit = context_window(config, max_len)
         self.prompt_ids = prompt_ids_for(model, tokenizer, prompt, limit)
         parameter = next(model.parameters())
         self.cache = KVCache.for_model(config, max_len=limit, dtype=parameter.dtype, device=parameter.device)
@@ -81,7 +81,8 @@ class ExplainSession:
         # Each node's u is taken, the first time a draw from it needs one, from the same seeded stream
         # a SamplerChain draws from. So a session walking one path with one seed uses exactly the u's
         # that generate() with that seed uses (and picks the same tokens), while a node keeps its u
-        # when it is stepped again or re-drawn with other dials.
+        # when it is stepped again or re-drawn with other dials. The session's chains are given this
+        # stream (they never draw from it themselves: each is handed its node's u).
         self.uniforms = Uniforms(seed)
         self._forwards: OrderedDict[int, Forward] = OrderedDict()  # node -> its distribution
 
@@ -146,13 +147,12 @@ class ExplainSession:
 
     # -- sampling ----------------------------------------------------------------------------
 
-    def sample(self, params: SamplingParams, node_id: int) -> Sampled:
-        """The sampler chain of `params` on node_id's logits, as Generation runs it: the chain
+    def _sample(self, params: SamplingParams, node: Node, forward: Forward) -> Sampled:
+        """The sampler chain of `params` on the node's logits, as Generation runs it: the chain
         starts from the prompt, accepts the node's path, and draws with the node's u."""
-        node, forward = self.node(node_id), self.forward(node_id)
         start = time.perf_counter()
         chain = SamplerChain.from_params(params, self.model.config.vocab_size, self.prompt_ids,
-                                         forward.logits.device)
+                                         forward.logits.device, uniforms=self.uniforms)
         for token in self.path(node.id):
             chain.accept(token)
         if not chain.greedy and node.draw is None:
@@ -166,14 +166,13 @@ class ExplainSession:
         """One token from node_id (default: the current node): sampled with params, or token_id
         when given (continue with an alternative). The new node becomes current."""
         node = self.node(self.current if node_id is None else node_id)
-        sampled = self.sample(params, node.id)
+        forward = self.forward(node.id)
+        sampled = self._sample(params, node, forward)
         child = self.child(node.id, sampled.token_id if token_id is None else token_id)
         self.current = child.id
-        forward = self.forward(node.id)
         return {
-            "node": node.id, "child": child.id, "step": self._step(node, child.token_id, sampled, top_n),
+            "node": node.id, "child": child.id, "step": self._step(node, child.token_id, forward, sampled, top_n),
             "rows": self._rows(forward, sampled, top_n),
-            "logits": base64.b64encode(forward.logits.cpu().numpy().astype("<f4").tobytes()).decode(),
             "attention": [[[round(float(w), 4) for w in head] for head in layer] for layer in forward.attention],
             "timing": {"tokens": forward.tokens, "seconds": forward.seconds, "prefill": forward.prefill},
         }
@@ -183,12 +182,12 @@ class ExplainSession:
         step from there would make now (the token the node's u picks, what each stage kept and
         cut), and the model's top tokens with their probabilities after the chain."""
         node = self.node(node_id)
-        sampled = self.sample(params, node.id)
-        return {"node": node.id, "step": self._step(node, sampled.token_id, sampled, top_n),
-                "rows": self._rows(self.forward(node.id), sampled, top_n)}
-
-    def _step(self, node: Node, token_id: int, sampled: Sampled, top_n: int) -> Step:
         forward = self.forward(node.id)
+        sampled = self._sample(params, node, forward)
+        return {"node": node.id, "step": self._step(node, sampled.token_id, forward, sampled, top_n),
+                "rows": self._rows(forward, sampled, top_n)}
+
+    def _step(self, node: Node, token_id: int, forward: Forward, sampled: Sampled, top_n: int) -> Step:
         return build_step(self.tokenizer, token_id, forward.logits, sampled.final, sampled.draw, index=node.depth,
                           elapsed=forward.seconds + sampled.seconds, prefill=forward.prefill,
                           stages=sampled.stages, top_n=top_n)

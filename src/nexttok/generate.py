@@ -84,8 +84,8 @@ class Generation:
         # PyTorch work in a second thread (say, a server's event loop) slows the model's thread down.
         self.sampler: SamplerChain | None = None
         self.stop_ids = set(config.eos_token_id if stop_token_ids is None else stop_token_ids)
-        limit = min(config.max_position_embeddings, context_limit or config.max_position_embeddings)
-        check_prompt_fits(len(prompt_ids), limit)
+        limit = context_window(config, context_limit)
+        check_prompt_fits(len(prompt_ids), limit)  # a clear error for callers that skip prompt_ids_for
         self.max_len = min(limit, len(prompt_ids) + max_tokens) if max_tokens else limit
         self.detok, self.held = IncrementalDetokenizer(tokenizer, skip_special=True), StopStrings(stops)
         self.tokens: list[int] = []
@@ -185,10 +185,17 @@ def _check_generation_args(max_tokens, stop) -> list[str]:
     return stops
 
 
+def context_window(config: ModelConfig, limit: int | None = None) -> int:
+    """Positions a sequence (prompt + completion) may take: the model's, or limit when smaller.
+    context_window(config with max_position_embeddings=1024, 256) == 256."""
+    context = config.max_position_embeddings
+    return context if limit is None else min(context, limit)
+
+
 def prompt_ids_for(model: Model, tokenizer: Tokenizer, prompt: str | Sequence[int], context_limit: int | None = None
                    ) -> list[int]:
-    """Token ids of a prompt (text gets the tokenizer's BOS, as HF does), checked against the context
-    (the model's, or context_limit when smaller)."""
+    """Token ids of a prompt (text gets the tokenizer's BOS, as HF does), checked against the
+    context window (the model's, or context_limit when smaller)."""
     ids = tokenizer.encode(prompt, add_special=True) if isinstance(prompt, str) else list(prompt)
     if not ids and model.config.bos_token_id is not None:
         ids = [model.config.bos_token_id]
@@ -197,7 +204,7 @@ def prompt_ids_for(model: Model, tokenizer: Tokenizer, prompt: str | Sequence[in
     vocab = model.config.vocab_size
     if any(type(i) is not int or not 0 <= i < vocab for i in ids):
         raise InvalidParameter("prompt", f"prompt token ids must be integers in 0..{vocab - 1}")
-    check_prompt_fits(len(ids), min(model.config.max_position_embeddings, context_limit or 1 << 62))
+    check_prompt_fits(len(ids), context_window(model.config, context_limit))
     return ids
 
 

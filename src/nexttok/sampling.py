@@ -2,18 +2,18 @@
 
 Every stage maps logits (vocab,) to logits (vocab,): penalties and logit bias change values,
 truncation filters (top-k, top-p, min-p) set the tokens they cut to -inf, temperature rescales.
-The chain is itself a stage; it holds the penalty history and is told each chosen token (`accept`).
+The chain runs like a stage (logits in, logits out), over the penalty history it holds itself: it
+is told each chosen token (`accept`).
 The draw is apart: greedy when temperature is 0 (< 1e-5), otherwise inverse-CDF with one uniform
 number u over the kept tokens sorted by probability. u is the next of the chain's seeded stream, or
 given: the explainer passes a node's stored u, so its live dials go through this same code.
 
 Default order, as in llama.cpp: penalties → logit_bias → top_k → top_p → min_p → temperature.
-PARAMETERS holds each parameter's range, default and meaning (server schemas and page read it).
+nexttok.parameters.PARAMETERS holds each parameter's range, default and meaning.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,86 +21,14 @@ from dataclasses import dataclass, field
 import torch
 
 from nexttok.errors import InvalidParameter
+from nexttok.parameters import DIALS, GREEDY_BELOW, PARAMETERS
 
 STAGE_NAMES = ("penalties", "logit_bias", "top_k", "top_p", "min_p", "temperature")
-GREEDY_BELOW = 1e-5  # temperatures this small draw greedily (as vLLM): dividing by them overflows
 DEFAULT_ORDER = STAGE_NAMES
 NEG_INF = float("-inf")
 RECORD_TOP = 20  # ids and probabilities a StageRecord keeps
 
 
-@dataclass(frozen=True)
-class Bound:
-    """The values one sampling parameter takes, its neutral default and what it does."""
-
-    default: float | int | None
-    low: float
-    high: float
-    meaning: str
-    integer: bool = False
-    low_open: bool = False
-    high_open: bool = False
-    dial_high: float | None = None  # where a dial ends when `high` is far beyond anything useful
-
-    def allowed(self) -> str:
-        """In words: Bound(1.0, 0, 1, "", low_open=True).allowed() == "in (0, 1]"."""
-        kind = "an integer" if self.integer else "a number"
-        if self.high == math.inf:
-            return f"{kind} {'>' if self.low_open else '>='} {_number(self.low)}"
-        interval = (f"{'(' if self.low_open else '['}{_number(self.low)}, {_number(self.high)}"
-                    f"{')' if self.high_open else ']'}")
-        return f"{kind} in {interval}" if self.integer else f"in {interval}"
-
-    def allows(self, value) -> bool:
-        if self.integer:
-            if type(value) is not int:
-                return False
-        elif not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value):
-            return False
-        above = value > self.low if self.low_open else value >= self.low
-        return above and (value < self.high if self.high_open else value <= self.high)
-
-    def check(self, name: str, value) -> None:
-        """Raise InvalidParameter naming the parameter when value is outside the bound."""
-        if not self.allows(value):
-            raise InvalidParameter(name.split("[")[0], f"{name} must be {self.allowed()}, got {value!r}")
-
-    def limits(self) -> dict[str, float]:
-        """As pydantic Field keywords: the bound of top_p gives {"gt": 0.0, "le": 1.0}."""
-        found = {"gt" if self.low_open else "ge": self.low}
-        if self.high != math.inf:
-            found["lt" if self.high_open else "le"] = self.high
-        return found
-
-    def as_json(self) -> dict:
-        return {**dataclasses.asdict(self), "high": None if self.high == math.inf else self.high}
-
-
-def _number(x: float) -> str:
-    """_number(2.0) == "2"; _number(2**63) == "2**63"."""
-    if isinstance(x, int) and x >= 2**32 and x & (x - 1) == 0:
-        return f"2**{x.bit_length() - 1}"
-    return f"{x:g}"
-
-
-PARAMETERS: dict[str, Bound] = {
-    "temperature": Bound(1.0, 0.0, math.inf, "divides the logits: below 1 sharpens, above 1 flattens; "
-                         f"0 (below {GREEDY_BELOW:g}) = greedy", dial_high=2.0),
-    "top_k": Bound(0, 0, math.inf, "keep the k most likely tokens (ties with the k-th too); 0 = off",
-                   integer=True, dial_high=100),
-    "top_p": Bound(1.0, 0.0, 1.0, "nucleus: keep the most likely tokens whose probabilities reach p "
-                   "together; 1 = off", low_open=True),
-    "min_p": Bound(0.0, 0.0, 1.0, "keep tokens at least min_p times as likely as the most likely one; 0 = off"),
-    "repetition_penalty": Bound(1.0, 0.0, 100.0, "HF/CTRL: divide the positive logits of tokens in the prompt "
-                                "or the output by this, multiply the negative ones; 1 = off",
-                                low_open=True, dial_high=2.0),
-    "presence_penalty": Bound(0.0, -2.0, 2.0, "OpenAI: subtract this once from every token already "
-                              "generated; 0 = off"),
-    "frequency_penalty": Bound(0.0, -2.0, 2.0, "OpenAI: subtract this times how often a token was "
-                               "generated; 0 = off"),
-    "logit_bias": Bound(0.0, -100.0, 100.0, "added to the logit of a token id, before the filters"),
-    "seed": Bound(None, 0, 2**63, "same seed, same draws; none: a fresh one", integer=True, high_open=True),
-}
 _DEFAULT = {name: bound.default for name, bound in PARAMETERS.items()}
 
 
@@ -124,8 +52,7 @@ class SamplingParams:
 
     def validate(self) -> None:
         """Raise InvalidParameter (a ValueError) naming the first parameter outside its range."""
-        for name in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
-                     "frequency_penalty"):
+        for name in DIALS:
             PARAMETERS[name].check(name, getattr(self, name))
         if not isinstance(self.logit_bias, dict):
             raise InvalidParameter("logit_bias", "logit_bias must be a mapping of token id to bias")
@@ -296,8 +223,9 @@ class Uniforms:
 
 
 class SamplerChain:
-    """Stages in order; itself a stage. It holds the penalty history (the prompt, then each token
-    it is told about with `accept`), and `sample` adds the final draw."""
+    """Stages in order, run like one stage: chain(logits) -> logits, over the penalty history the
+    chain holds (the prompt, then each token it is told about with `accept`); `sample` adds the
+    final draw."""
 
     name = "chain"
 
@@ -306,8 +234,9 @@ class SamplerChain:
 
     @classmethod
     def from_params(cls, params: SamplingParams, vocab_size: int, prompt_ids: Sequence[int] = (),
-                    device="cpu") -> SamplerChain:
-        """Only the stages whose settings are not neutral are built (zero cost for the rest)."""
+                    device="cpu", *, uniforms: Uniforms | None = None) -> SamplerChain:
+        """Only the stages whose settings are not neutral are built (zero cost for the rest).
+        uniforms: the stream draws come from (default: a new one seeded with params.seed)."""
         p = params
         drawing = p.temperature >= GREEDY_BELOW  # truncation and temperature never change a greedy pick
         wanted = {
@@ -328,13 +257,16 @@ class SamplerChain:
         }
         stages = [make[name]() for name in p.order if wanted[name]]
         return cls(stages, greedy=not drawing, history=History.start(prompt_ids, vocab_size, device),
-                   uniforms=Uniforms(p.seed))
+                   uniforms=Uniforms(p.seed) if uniforms is None else uniforms)
 
     def accept(self, token_id: int) -> None:
         """Tell the chain the token that was chosen (it counts for the penalties from now on)."""
         self.history.add(token_id)
 
-    def __call__(self, logits: torch.Tensor, history: History, record: list | None = None) -> torch.Tensor:
+    def __call__(self, logits: torch.Tensor, record: list | None = None) -> torch.Tensor:
+        """Every stage in turn over the chain's history; record: a list to append a StageRecord to
+        for the raw logits and after each stage."""
+        history = self.history
         if record is None:
             for stage in self.stages:
                 logits = stage(logits, history)
@@ -355,7 +287,7 @@ class SamplerChain:
         instead of the next one of the chain's stream (the explainer's stored draw of a node).
         The token is not accepted: the caller accepts the token it keeps."""
         check_logits(logits)
-        final = self(logits.float(), self.history, record)
+        final = self(logits.float(), record)
         if self.greedy:
             return int(torch.argmax(final)), final, None
         if u is None:

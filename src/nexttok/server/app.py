@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from nexttok.generate import context_window
 from nexttok.server.auth import install_api_key
 from nexttok.server.completions import install_generation_routes
 from nexttok.server.engine import ServedModel, find_served
@@ -58,9 +59,8 @@ def create_app(models: list[ServedModel], *, api_key: str | None = None,
 def _attach_schedulers(models: list[ServedModel], limits: ServerLimits, metrics: Metrics, *, start: bool) -> None:
     """A batch scheduler for each model, sized by the limits and the model's own context."""
     for served in models:
-        context = served.model.config.max_position_embeddings
         served.scheduler = Scheduler(served.model, max_running=limits.max_running, max_queue=limits.max_queue,
-                                     max_len=min(context, limits.max_model_len or context),
+                                     max_len=context_window(served.model.config, limits.max_model_len),
                                      timeout=limits.request_timeout, metrics=metrics,
                                      batch_invariant=limits.batch_invariant)
         if start:

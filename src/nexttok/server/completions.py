@@ -10,6 +10,7 @@ from fastapi import FastAPI
 
 from nexttok.errors import InvalidParameter
 from nexttok.generate import Generation, prompt_ids_for
+from nexttok.parameters import DIALS
 from nexttok.sampling import SamplingParams
 from nexttok.server.engine import ServedModel, find_served
 from nexttok.server.errors import APIError
@@ -32,18 +33,13 @@ class GenerationPlan:
     @classmethod
     def of(cls, body: SamplingFields, max_tokens: int | None, top_n: int) -> GenerationPlan:
         """Ranges, counts and the form of logit_bias keys were checked by the request schema; what
-        needs the model, by Generation."""
+        needs the model, by Generation. A field the body leaves out takes SamplingParams' default."""
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+        given = {name: getattr(body, name) for name in DIALS if getattr(body, name) is not None}
+        if given.get("top_k") == -1:  # vLLM's "off"
+            given["top_k"] = 0
         bias = {int(key): value for key, value in (body.logit_bias or {}).items()}
-        params = SamplingParams(
-            temperature=1.0 if body.temperature is None else body.temperature,
-            top_p=1.0 if body.top_p is None else body.top_p,
-            top_k=body.top_k if body.top_k not in (None, -1) else 0,
-            min_p=body.min_p or 0.0, presence_penalty=body.presence_penalty or 0.0,
-            frequency_penalty=body.frequency_penalty or 0.0,
-            repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
-            logit_bias=bias, seed=body.seed)
-        return cls(params, max_tokens, stop, top_n)
+        return cls(SamplingParams(**given, logit_bias=bias, seed=body.seed), max_tokens, stop, top_n)
 
     def params_for_choice(self, index: int) -> SamplingParams:
         """Choice i of a seeded request uses seed + i: distinct choices, each reproducible."""

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from nexttok.chat import ChatTemplate
+from nexttok.generate import context_window
 from nexttok.models import Model
 from nexttok.server.errors import APIError
 from nexttok.server.scheduler import Scheduler
@@ -25,9 +26,7 @@ class ServedModel:
     @property
     def context_length(self) -> int:
         """Longest sequence (prompt + completion) this server runs for the model."""
-        if self.scheduler is not None:
-            return self.scheduler.max_len
-        return self.model.config.max_position_embeddings
+        return context_window(self.model.config, None if self.scheduler is None else self.scheduler.max_len)
 
 
 def find_served(models: Mapping[str, ServedModel], name: str | None) -> ServedModel:

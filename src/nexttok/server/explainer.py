@@ -1,16 +1,16 @@
 """Routes of the explainer page: the static page at /, and a small session API under /explain.
 
-GET /explain/parameters            -> each dial's range, default and meaning; the chain's stages
+GET /explain/parameters            -> each dial's range, default and meaning; the default order
 POST /explain/sessions             {prompt, model?, seed?}  -> prompt tokens, model facts, session id
 POST /explain/sessions/{id}/step   {dials, node?, token_id?, top_n?}
-                                   -> the Step record, rows, raw logits, attention, timing, the tree
+                                   -> the Step record, rows, attention, timing, the tree
 POST /explain/sessions/{id}/redraw {dials, node, top_n?}
                                    -> the Step the same u gives under these dials, rows (no new node)
 POST /explain/sessions/{id}/goto   {node}  -> makes a node of the tree current
 DELETE /explain/sessions/{id}
 
 dials: temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty
-and order, with the ranges of nexttok.sampling.PARAMETERS. rows: the model's top_n tokens with
+and order, with the ranges of nexttok.parameters.PARAMETERS. rows: the model's top_n tokens with
 their probability before (p) and after (q) the sampler chain.
 """
 
@@ -20,6 +20,7 @@ import asyncio
 import dataclasses
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -30,13 +31,16 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import Field
 
 from nexttok.explain import ExplainSession
-from nexttok.sampling import DEFAULT_ORDER, GREEDY_BELOW, PARAMETERS, STAGE_NAMES, SamplingParams
+from nexttok.parameters import DIALS, PARAMETERS
+from nexttok.sampling import DEFAULT_ORDER, STAGE_NAMES, SamplingParams
+from nexttok.server.engine import ServedModel
 from nexttok.server.errors import APIError
 from nexttok.server.schemas import Strict, bounded
 
 STATIC = Path(__file__).parent / "static"
 MAX_SESSIONS = 8
-DIALS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+
+ServedFor = Callable[[str | None], ServedModel]  # a model name (None: the only one) -> the model
 
 
 @dataclasses.dataclass
@@ -45,6 +49,14 @@ class ModelState:
 
     lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)  # sessions run one at a time
     vocab_texts: list[str] | None = None  # display text of every id, for the page
+
+
+@dataclasses.dataclass
+class OpenSession:
+    """An explainer session and the served model it runs on."""
+
+    served: ServedModel
+    session: ExplainSession
 
 
 class SessionRequest(Strict):
@@ -87,22 +99,22 @@ class Explainer:
     """The explainer's state: open sessions (past MAX_SESSIONS the oldest goes) and, per served
     model, a ModelState."""
 
-    def __init__(self, served_for):
+    def __init__(self, served_for: ServedFor):
         self.served_for = served_for  # name -> ServedModel, as the OpenAI routes resolve it
-        self.sessions: OrderedDict[str, tuple] = OrderedDict()
+        self.sessions: OrderedDict[str, OpenSession] = OrderedDict()
         self.models: dict[str, ModelState] = {}
 
-    def state(self, served) -> ModelState:
+    def state(self, served: ServedModel) -> ModelState:
         return self.models.setdefault(served.name, ModelState())
 
-    def add(self, served, session: ExplainSession) -> str:
+    def add(self, served: ServedModel, session: ExplainSession) -> str:
         key = uuid.uuid4().hex
-        self.sessions[key] = (served, session)
+        self.sessions[key] = OpenSession(served, session)
         while len(self.sessions) > MAX_SESSIONS:
             self.sessions.popitem(last=False)
         return key
 
-    def session(self, key: str) -> tuple:
+    def session(self, key: str) -> OpenSession:
         if key not in self.sessions:
             raise APIError(404, f"no explainer session {key!r} (it may have expired)", param="session",
                            code="session_not_found")
@@ -110,7 +122,7 @@ class Explainer:
         return self.sessions[key]
 
 
-def install_explainer(app: FastAPI, served_for) -> None:
+def install_explainer(app: FastAPI, served_for: ServedFor) -> None:
     """Add the page and its API; served_for(name) resolves a model as the OpenAI routes do."""
     explainer = Explainer(served_for)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
@@ -121,8 +133,7 @@ def install_explainer(app: FastAPI, served_for) -> None:
 
     @app.get("/explain/parameters")
     async def parameters():
-        return {"dials": {name: PARAMETERS[name].as_json() for name in DIALS}, "stages": list(STAGE_NAMES),
-                "order": list(DEFAULT_ORDER), "greedy_below": GREEDY_BELOW}
+        return {"dials": {name: PARAMETERS[name].as_json() for name in DIALS}, "order": list(DEFAULT_ORDER)}
 
     @app.post("/explain/sessions")
     async def start(body: SessionRequest):
@@ -149,33 +160,34 @@ def install_explainer(app: FastAPI, served_for) -> None:
 def _install_step_routes(app: FastAPI, explainer: Explainer) -> None:
     @app.post("/explain/sessions/{key}/step")
     async def step(key: str, body: StepRequest):
-        served, session = explainer.session(key)
-        params = body.params()
-        async with explainer.state(served).lock:
+        opened = explainer.session(key)
+        session, params = opened.session, body.params()
+        async with explainer.state(opened.served).lock:
             view = await anyio.to_thread.run_sync(
                 lambda: session.step(params, body.node, body.token_id, body.top_n))
         view["step"] = dataclasses.asdict(view["step"])
         path = session.path(view["child"])
         return {**view, "tree": session.tree(), "current": session.current,
-                "generated": _chips(served.tokenizer, path), "text": session.text(view["child"])}
+                "generated": _chips(opened.served.tokenizer, path), "text": session.text(view["child"])}
 
     @app.post("/explain/sessions/{key}/redraw")
     async def redraw(key: str, body: RedrawRequest):
-        served, session = explainer.session(key)
-        params = body.params()
-        async with explainer.state(served).lock:
+        opened = explainer.session(key)
+        session, params = opened.session, body.params()
+        async with explainer.state(opened.served).lock:
             view = await anyio.to_thread.run_sync(lambda: session.redraw(params, body.node, body.top_n))
         return {**view, "step": dataclasses.asdict(view["step"])}
 
     @app.post("/explain/sessions/{key}/goto")
     async def goto(key: str, body: GotoRequest):
-        served, session = explainer.session(key)
+        opened = explainer.session(key)
+        session = opened.session
         session.goto(body.node)
         return {"tree": session.tree(), "current": session.current, "text": session.text(session.current),
-                "generated": _chips(served.tokenizer, session.path(session.current))}
+                "generated": _chips(opened.served.tokenizer, session.path(session.current))}
 
 
-def _vocab(served, state: ModelState) -> list[str]:
+def _vocab(served: ServedModel, state: ModelState) -> list[str]:
     """Display text of every id the model can produce (computed once per model)."""
     if state.vocab_texts is None:
         tokenizer, size = served.tokenizer, served.model.config.vocab_size

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from nexttok.sampling import PARAMETERS
+from nexttok.parameters import PARAMETERS
 
 MAX_N = 8
 MAX_STOP = 4
@@ -21,7 +21,7 @@ Bias = Annotated[float, Field(**PARAMETERS["logit_bias"].limits())]
 
 def bounded(name: str, default: Any = None, **overrides: Any) -> Any:
     """A request field with the library's range and meaning of a sampling parameter (one table:
-    nexttok.sampling.PARAMETERS): bounded("top_p") is Field(None, gt=0.0, le=1.0, description=...)."""
+    nexttok.parameters.PARAMETERS): bounded("top_p") is Field(None, gt=0.0, le=1.0, description=...)."""
     bound = PARAMETERS[name]
     return Field(default, **{**bound.limits(), "description": bound.meaning, **overrides})
 

@@ -8,8 +8,8 @@
 const $ = (id) => document.getElementById(id);
 const state = { session: null, model: null, prompt: [], vocab: [], view: null, playing: false,
                 parameters: null, order: [], redraws: 0 };
-const REDRAW_DELAY_MS = 120;
-const CUT_SHOWN = 6;  // tokens named per stage as cut (of the model's top 20)  // dial input is debounced: one request per pause in the movement
+const REDRAW_DELAY_MS = 120;  // dial input is debounced: one request per pause in the movement
+const CUT_SHOWN = 6;  // tokens named per stage as cut (of the model's top 20)
 let redrawTimer = null;
 
 // ---- talking to the server -------------------------------------------------------------
@@ -24,7 +24,7 @@ async function api(method, path, body) {
   return data;
 }
 
-// The dials' ranges, defaults and meanings come from the server's table (nexttok.sampling.PARAMETERS).
+// The dials' ranges, defaults and meanings come from the server's table (nexttok.parameters.PARAMETERS).
 let parametersLoaded = null;
 function loadParameters() {  // once; a failure (say, the API key is missing yet) is tried again later
   parametersLoaded ??= fetchParameters().catch((e) => { parametersLoaded = null; throw e; });
