@@ -43,7 +43,7 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--dtype", default="auto")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         directory = str(resolve_checkpoint(args.model)) if args.model else gpt2_124m_random(tmp)

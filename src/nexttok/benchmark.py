@@ -1,9 +1,11 @@
-"""Side-by-side speed measurements: nexttok and HF transformers on the same weights.
+"""Side-by-side speed measurements: nexttok, HF transformers and llama.cpp on the same weights.
 
-Each engine runs in its own child process (so peak RSS is its own) on the same checkpoint
-directory, with the same thread count; the table shows medians over repeats and the ratios.
-The roofline is the time one decode step needs just to read every weight once from memory
-(weight bytes ÷ read bandwidth measured here), as tokens/s.
+Each engine runs in its own child process (so peak RSS is its own) on the same checkpoint (a
+directory or a .gguf file), with the same thread count; the table shows medians over repeats and
+the ratios. llama.cpp runs a .gguf as it is (the very file nexttok runs), or a float32 GGUF our
+exporter writes from a GPT-2 directory. HF loads a .gguf dequantized to float32.
+The roofline is the time one decode step needs just to read every weight once from memory (the
+bytes nexttok's model really holds, quantized or not ÷ read bandwidth measured here), as tokens/s.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -21,9 +24,8 @@ from nexttok.cache import KVCache
 from nexttok.export import write_gguf_gpt2
 from nexttok.generate import generate
 from nexttok.gguf import GGUFError
-from nexttok.loading import load_model
+from nexttok.loading import load_checkpoint
 from nexttok.sampling import SamplingParams
-from nexttok.tokenizer_json import from_directory
 
 METRICS = (  # key, label, higher is better
     ("decode_tps", "decode tokens/s (batch 1, greedy)", True),
@@ -36,14 +38,14 @@ METRICS = (  # key, label, higher is better
 
 @dataclass
 class BenchConfig:
-    directory: str
+    source: str  # a checkpoint directory or a .gguf file
     new_tokens: int = 128
     prompt_tokens: int = 512
     decode_prompt_tokens: int = 16
     nocache_tokens: int = 16
     repeat: int = 3
     threads: int = 2
-    dtype: str = "float32"
+    dtype: str = "auto"  # nexttok's: a .gguf as shipped, a directory in float32 (HF: float32 then)
     extra: dict = field(default_factory=dict)
 
 
@@ -71,8 +73,8 @@ def _median(values: list[float]) -> float:
 
 def bench_nexttok(cfg: BenchConfig) -> dict:
     torch.set_num_threads(cfg.threads)
-    model = load_model(cfg.directory, dtype=cfg.dtype, device="cpu")
-    tokenizer = from_directory(model.directory)
+    checkpoint = load_checkpoint(cfg.source, dtype=cfg.dtype, device="cpu")
+    model, tokenizer = checkpoint.model, checkpoint.tokenizer
     vocab = model.config.vocab_size
     greedy = SamplingParams(temperature=0)
 
@@ -91,14 +93,20 @@ def bench_nexttok(cfg: BenchConfig) -> dict:
     prefill = [cfg.prompt_tokens / _timed(lambda: _forward_nexttok(model, long)) for _ in range(cfg.repeat)]
     nocache = [decode_run(long, cfg.nocache_tokens, use_cache=False)[0] for _ in range(max(1, cfg.repeat - 1))]
     cached_long = [decode_run(long, cfg.nocache_tokens)[0] for _ in range(max(1, cfg.repeat - 1))]
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     return {"decode_tps": _median(decode), "prefill_tps": _median(prefill), "ttft_ms": 1000 * _median(ttft),
             "nocache_tps": _median(nocache), "cache_long_tps": _median(cached_long),
-            "weight_bytes": weight_bytes}
+            "weight_bytes": weight_bytes(model)}
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes a decode step reads: every parameter once (a tied one once) and the quantized layers'
+    packed weights and scales; not the RoPE tables, of which a step reads one row."""
+    buffers = sum(b.numel() * b.element_size() for name, b in model.named_buffers() if "rope" not in name)
+    return buffers + sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 def _forward_nexttok(model, ids: list[int]) -> None:
-    cache = KVCache.for_model(model.config, max_len=len(ids) + 1)
+    cache = KVCache.for_model(model.config, max_len=len(ids) + 1, dtype=next(model.parameters()).dtype)
     with torch.inference_mode():
         model(torch.tensor([ids]), cache, last_only=True)
 
@@ -107,7 +115,10 @@ def bench_hf(cfg: BenchConfig) -> dict:
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(cfg.threads)
-    model = AutoModelForCausalLM.from_pretrained(cfg.directory, dtype=getattr(torch, cfg.dtype)).eval()
+    dtype = torch.float32 if cfg.dtype in ("auto", "int8", "int4") else getattr(torch, cfg.dtype)
+    path = Path(cfg.source)
+    where = dict(gguf_file=path.name) if path.suffix == ".gguf" else {}
+    model = AutoModelForCausalLM.from_pretrained(path.parent if where else path, dtype=dtype, **where).eval()
     vocab = model.config.vocab_size
     short, long = _ids(cfg.decode_prompt_tokens, vocab), _ids(cfg.prompt_tokens, vocab, seed=1)
 
@@ -130,7 +141,7 @@ def bench_hf(cfg: BenchConfig) -> dict:
 
 
 def bench_llama_cpp(cfg: BenchConfig) -> dict:
-    """llama.cpp (llama-cpp-python) on a float32 GGUF of the same weights."""
+    """llama.cpp (llama-cpp-python) on the same GGUF file (or a float32 GGUF of a GPT-2 directory)."""
     from llama_cpp import Llama
 
     n_ctx = cfg.prompt_tokens + cfg.new_tokens + 16
@@ -218,13 +229,17 @@ def report(results: dict[str, dict | str], bandwidth_gbs: float, cfg: BenchConfi
 
 
 def llama_cpp_column(cfg: BenchConfig, workdir: str) -> str | None:
-    """Prepare the llama.cpp column (a float32 GGUF of the same weights); None, or why it is skipped."""
+    """Prepare the llama.cpp column (the .gguf itself, or a float32 GGUF of a GPT-2 directory);
+    None, or why it is skipped."""
     import importlib.util
 
     if importlib.util.find_spec("llama_cpp") is None:
         return "llama-cpp-python is not installed (pip install llama-cpp-python builds llama.cpp from source)"
+    if cfg.source.endswith(".gguf"):
+        cfg.extra["gguf"] = cfg.source
+        return None
     try:
-        cfg.extra["gguf"] = str(write_gguf_gpt2(cfg.directory, f"{workdir}/model-f32.gguf"))
+        cfg.extra["gguf"] = str(write_gguf_gpt2(cfg.source, f"{workdir}/model-f32.gguf"))
     except GGUFError as e:
         return str(e)
     return None

@@ -274,7 +274,7 @@ def cmd_bench(args: argparse.Namespace, out: Console) -> int:
     from nexttok.benchmark import BenchConfig, run
     from nexttok.sources import resolve_checkpoint
 
-    directory = resolve_checkpoint(args.model or DEFAULT_MODEL)
+    path = resolve_checkpoint(args.model or DEFAULT_MODEL)
     engines = ["nexttok"]
     if not args.no_compare:
         if importlib.util.find_spec("transformers") is None:
@@ -282,13 +282,13 @@ def cmd_bench(args: argparse.Namespace, out: Console) -> int:
         else:
             engines.append("hf")
         engines.append("llama.cpp")  # reported as skipped, with the reason, when it cannot run
-    cfg = BenchConfig(str(directory), new_tokens=args.new_tokens, prompt_tokens=args.prompt_tokens,
+    cfg = BenchConfig(str(path), new_tokens=args.new_tokens, prompt_tokens=args.prompt_tokens,
                       repeat=args.repeat, threads=args.threads, dtype=args.dtype)
     for name, value in (("--new-tokens", cfg.new_tokens), ("--prompt-tokens", cfg.prompt_tokens),
                         ("--repeat", cfg.repeat), ("--threads", cfg.threads)):
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
-    Console(stderr=True).print(f"[dim]benchmarking {directory} ({', '.join(engines)}) ...[/]")
+    Console(stderr=True).print(f"[dim]benchmarking {path} ({', '.join(engines)}) ...[/]")
     print(run(cfg, engines))
     return 0
 
@@ -324,7 +324,7 @@ def _add_bench_parser(sub) -> None:
     bench.add_argument("--prompt-tokens", type=int, default=512)
     bench.add_argument("--repeat", type=int, default=3)
     bench.add_argument("--threads", type=int, default=2)
-    bench.add_argument("--dtype", default="float32")
+    bench.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     bench.add_argument("--no-compare", action="store_true", help="nexttok only")
     bench.set_defaults(func=cmd_bench)
 
