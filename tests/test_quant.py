@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType, quants
 from nexttok.generate import generate
 from nexttok.gguf_blocks import int4_groups
 from nexttok.loading import load_checkpoint, load_model
-from nexttok.quant import GROUP, Int4Linear, Int8Linear, quantized_linear
+from nexttok.quant import GROUP, Int4Linear, Int8Linear, Q8Embedding, quantized_linear
 from nexttok.sampling import SamplingParams
 from tiny_models import write_tiny
 
@@ -112,6 +112,20 @@ def test_default_model_runs_as_shipped(as_shipped):
     assert not any(isinstance(m, torch.nn.Linear) and m.weight.dtype == torch.float32 for m in model.modules())
     weight_bytes = sum(b.numel() * b.element_size() for m in int4 for b in m.buffers())
     assert weight_bytes < 0.66 * sum(m.in_features * m.out_features for m in int4)  # ~0.6 bytes a weight
+    assert isinstance(model.embed_tokens, Q8Embedding) and isinstance(model.lm_head, Int8Linear)
+
+
+def test_q8_0_embedding_is_the_file_exactly(as_shipped, dequantized):
+    ids = torch.tensor([0, 1, 2, 500, 49151])
+    exact = dequantized.model.embed_tokens.weight[ids]
+    assert torch.equal(as_shipped.model.embed_tokens.weight_values()[ids], exact)
+    assert torch.equal(as_shipped.model.embed_tokens(ids), exact.bfloat16())
+    # the tied output layer: int8 with one (bfloat16) scale per row: within half a step of the file's
+    # values, plus the scale's own rounding (2**-8 of it, times up to 127 steps)
+    head = as_shipped.model.lm_head.weight_values()[ids]
+    step = exact.abs().amax(-1, keepdim=True) / 127
+    error = (head - exact).abs()
+    assert (error <= step * (0.5 + 127 * 2**-8)).all() and error.mean() < 0.3 * step.mean()
 
 
 @torch.inference_mode()
@@ -133,11 +147,17 @@ def test_as_shipped_greedy_text_equals_float32(as_shipped, dequantized):
 
 
 def test_with_and_without_the_cache_as_shipped(as_shipped):
-    """Greedy tokens are equal and every step's logprobs agree within bfloat16's noise. (Not bit for
-    bit: torch's bfloat16 attention kernel rounds a row differently in a 13-row causal call than in
-    an 11-row one, so a sampled draw that lands on a near-tie may go the other way.)"""
-    runs = [generate(as_shipped.model, as_shipped.tokenizer, PROMPTS[2], GREEDY, max_tokens=12, use_cache=cache,
-                     stop_token_ids=[]) for cache in (True, False)]
-    assert runs[0].token_ids == runs[1].token_ids and len(runs[0].token_ids) == 12
-    for cached, recomputed in zip(runs[0].steps, runs[1].steps, strict=True):
-        assert abs(cached.logprob - recomputed.logprob) < 0.1
+    """Greedy tokens are equal up to the first near tie, and logprobs agree within bfloat16's noise.
+    (Not bit for bit: torch's bfloat16 attention kernel rounds a row differently in a 13-row causal
+    call than in an 11-row one, so where the top two tokens are within that noise either may win.)"""
+    compared = 0
+    for prompt in PROMPTS:
+        cached, recomputed = (generate(as_shipped.model, as_shipped.tokenizer, prompt, GREEDY, max_tokens=16,
+                                       use_cache=cache, stop_token_ids=[], top_n=2).steps for cache in (True, False))
+        for a, b in zip(cached, recomputed, strict=True):
+            assert abs(a.logprob - b.logprob) < 0.15
+            if a.top[0].logprob - a.top[1].logprob < 0.15:  # a near tie: the next token may differ
+                break
+            assert a.token_id == b.token_id
+            compared += 1
+    assert compared >= 24, f"only {compared} steps before near ties: the check saw too little"

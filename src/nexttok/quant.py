@@ -31,6 +31,22 @@ ACTIVATION = torch.bfloat16  # the dtype both kernels are fast in
 BITS = {"int8": 8, "int4": 4}  # --dtype values that quantize the linear layers at load
 
 
+def _rows(x: torch.Tensor, features: int) -> torch.Tensor:
+    """x (..., K) as the kernels take it: (rows, K), contiguous bfloat16 (no copy when it is already)."""
+    rows = x.reshape(-1, features)
+    if rows.dtype != ACTIVATION:
+        rows = rows.to(ACTIVATION)
+    return rows if rows.is_contiguous() else rows.contiguous()
+
+
+def _output(y: torch.Tensor, x: torch.Tensor, features: int, bias: torch.Tensor | None) -> torch.Tensor:
+    """The kernel's (rows, N) back in x's shape and dtype, plus the bias."""
+    y = y.view(*x.shape[:-1], features)
+    if y.dtype != x.dtype:
+        y = y.to(x.dtype)
+    return y if bias is None else y + bias
+
+
 class Int4Linear(nn.Module):
     """y = x · Wᵀ (+ bias) with W in 4-bit groups; x (..., in_features) -> (..., out_features)."""
 
@@ -73,10 +89,9 @@ class Int4Linear(nn.Module):
         return cls.from_groups(q, scale, low, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).to(ACTIVATION).contiguous()  # (B*T, K)
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP, self.scale_zero)
-        y = y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
-        return y if self.bias is None else y + self.bias
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(_rows(x, self.in_features), self.packed, GROUP,
+                                                        self.scale_zero)
+        return _output(y, x, self.out_features, self.bias)
 
     def weight_values(self) -> torch.Tensor:
         """The weight as float32 (N, K), by the kernel itself: for checks and for viewers."""
@@ -105,16 +120,51 @@ class Int8Linear(nn.Module):
         return cls(q, scales, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).to(ACTIVATION).contiguous()
-        y = torch.ops.aten._weight_int8pack_mm(rows, self.q, self.scales)
-        y = y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
-        return y if self.bias is None else y + self.bias
+        y = torch.ops.aten._weight_int8pack_mm(_rows(x, self.in_features), self.q, self.scales)
+        return _output(y, x, self.out_features, self.bias)
 
     def weight_values(self) -> torch.Tensor:
         return self.q.float() * self.scales.float()[:, None]
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bits=8, per row"
+
+
+class Q8Embedding(nn.Module):
+    """An embedding table kept as GGUF's Q8_0 ships it: int8 values with one float16 scale per 32.
+    A lookup dequantizes just the rows asked for, exactly; 34 bytes per 32 values instead of 64."""
+
+    def __init__(self, q: torch.Tensor, d: torch.Tensor, dtype: torch.dtype):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = q.shape
+        self.register_buffer("q", q.to(torch.int8).contiguous())  # (V, K)
+        # float16 scales kept as their bits: a model.to(dtype) must not round them
+        self.register_buffer("d_bits", d.to(torch.float16).contiguous().view(torch.int16))  # (V, K/32)
+        self.dtype = dtype
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.rows(ids).to(self.dtype)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The rows of ids as float32 (..., K): exactly the file's q·d."""
+        values = self.q[ids].float().view(*ids.shape, -1, GROUP)  # (..., K/32, 32)
+        scales = self.d_bits[ids].view(torch.float16).float()[..., None]  # (..., K/32, 1)
+        return (values * scales).view(*ids.shape, self.embedding_dim)
+
+    def weight_values(self) -> torch.Tensor:
+        """The whole table as float32 (V, K)."""
+        return self.rows(torch.arange(self.num_embeddings))
+
+
+def int8_rows(chunks) -> Int8Linear:
+    """An Int8Linear from a weight given as row chunks (float tensors), so that a 49152-row table
+    never exists whole in float32."""
+    qs, scales = [], []
+    for chunk in chunks:
+        layer = Int8Linear.quantize(chunk)
+        qs.append(layer.q)
+        scales.append(layer.scales)
+    return Int8Linear(torch.cat(qs), torch.cat(scales))
 
 
 def quantized_linear(weight: torch.Tensor, bias: torch.Tensor | None, bits: int) -> nn.Module:

@@ -57,7 +57,7 @@ def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (x[i], x[i + d/2]) by each position's angle. x (B, H, T, D); cos/sin (B, 1, T, D/2)."""
+    """Rotate pairs (x[i], x[i + d/2]) by each position's angle. x (B, T, H, D); cos/sin (B, T, 1, D/2)."""
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
@@ -72,18 +72,17 @@ class Attention(nn.Module):
         hidden, bias = config.hidden_size, config.attention_bias
         q_rows, kv_rows = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
         self.qkv_proj = FusedLinear(hidden, {"q_proj": q_rows, "k_proj": kv_rows, "v_proj": kv_rows}, bias)
-        self.qkv_sizes = [q_rows, kv_rows, kv_rows]
         self.o_proj = nn.Linear(self.n_head * self.head_dim, hidden, bias=config.o_proj_bias)
         sliding = config.layer_types[layer_idx] == "sliding_attention"
         self.window = config.sliding_window if sliding else None
 
     def forward(self, x, cos, sin, masks, cache, capture):
         b, t, _ = x.shape
-        q, k, v = self.qkv_proj(x).split(self.qkv_sizes, dim=-1)
-        q = q.view(b, t, self.n_head, self.head_dim).transpose(1, 2)  # (B, n_head, T, hd)
-        k = k.view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv, T, hd)
-        v = v.view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv, T, hd)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        heads = self.qkv_proj(x).view(b, t, -1, self.head_dim)  # (B, T, n_head + 2 n_kv, hd)
+        qk = apply_rope(heads[:, :, : self.n_head + self.n_kv_head], cos, sin)  # q and k in one rotation
+        q = qk[:, :, : self.n_head].transpose(1, 2)  # (B, n_head, T, hd)
+        k = qk[:, :, self.n_head :].transpose(1, 2)  # (B, n_kv, T, hd)
+        v = heads[:, :, self.n_head + self.n_kv_head :].transpose(1, 2)  # (B, n_kv, T, hd)
         if cache is not None:
             k, v = cache.update_and_fetch(self.layer_idx, k, v)  # (B, n_kv, S, hd)
         y = attend(q, k, v, masks[self.window], capture)  # (B, n_head, T, hd)
@@ -142,7 +141,7 @@ class Llama(nn.Module):
 
     def init_buffers(self) -> None:
         """(Re)compute the RoPE tables (max_position_embeddings, head_dim // 2) in float32."""
-        device = self.embed_tokens.weight.device
+        device = self.norm.weight.device
         positions = torch.arange(self.config.max_position_embeddings, dtype=torch.float32)
         angles = positions[:, None] * rope_inverse_frequencies(self.config)[None, :]  # (P, hd/2)
         self.rope_cos = angles.cos().to(device)
@@ -158,8 +157,8 @@ class Llama(nn.Module):
         masks = masks_for(q_pos, k_pos, self._windows, contiguous, cache)
         rows = q_pos.clamp(min=0)
         x = self.embed_tokens(ids)  # (B, T, hidden)
-        cos = self.rope_cos[rows].to(x.dtype)[:, None]  # (B, 1, T, hd/2)
-        sin = self.rope_sin[rows].to(x.dtype)[:, None]
+        cos = self.rope_cos[rows].to(x.dtype)[:, :, None]  # (B, T, 1, hd/2)
+        sin = self.rope_sin[rows].to(x.dtype)[:, :, None]
         for layer in self.layers:
             x = layer(x, cos, sin, masks, cache, capture)
         if last_only:
