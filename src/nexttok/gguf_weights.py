@@ -38,8 +38,7 @@ def gguf_model(gguf: GGUFFile, config: ModelConfig, dtype: str | None, device: t
     as_shipped = dtype in (None, "auto") and device.type == "cpu"  # the 4-bit kernel runs on the CPU
     floats = DTYPES.get(dtype, ACTIVATION)
     tensors = {t.name: t for t in gguf.blocks()}
-    with torch.device("meta"):
-        model = build_model(config)
+    model = build_model(config)
     tied = config.tie_word_embeddings
     embedding_kept = as_shipped and _keep_q8_0_embedding(model, tensors, tied)
     for name, module in list(model.named_modules()):

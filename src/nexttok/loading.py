@@ -77,8 +77,7 @@ def _directory_model(directory: Path, dtype, device: str | None) -> Model:
     files = checkpoint_files(directory)
     target = pick_device(device)
     chosen = pick_dtype(None if dtype in BITS else dtype, target, config)
-    with torch.device("meta"):
-        model = build_model(config)
+    model = build_model(config)
     model = model.to_empty(device=target).to(chosen)
     model.tie_weights()  # materializing off the meta device unties shared parameters
     assign_weights(model, files)

@@ -133,7 +133,8 @@ class Llama(nn.Module):
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
         self._windows = {layer.self_attn.window for layer in self.layers}
-        self.init_buffers()
+        if not self.norm.weight.is_meta:  # on the meta device the loader calls it once weights are in
+            self.init_buffers()
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
