@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType, quants
 from nexttok.generate import generate
 from nexttok.gguf_blocks import int4_groups
 from nexttok.loading import load_checkpoint, load_model
-from nexttok.quant import GROUP, Int4Linear, Int8Linear, Q8Embedding, quantized_linear
+from nexttok.quant import GROUP, Int4Linear, Int8Linear, Q8Embedding, quantized_linear, rows_independent
 from nexttok.sampling import SamplingParams
 from tiny_models import write_tiny
 
@@ -75,6 +75,16 @@ def test_quantizing_a_float_weight_rounds_to_the_nearest_level(make, bits_error)
     torch.testing.assert_close(layer(x), expected, atol=0.05, rtol=0.02)  # the kernel's bfloat16 sums
 
 
+@pytest.mark.parametrize("make", [Int4Linear.quantize, Int8Linear.quantize])
+def test_kernels_give_a_row_the_same_result_whatever_the_row_count(make):
+    """What lets the server batch a quantized model without padding and stay batch invariant."""
+    layer = make(torch.randn(96, 576))
+    x = torch.randn(40, 576)
+    alone = torch.cat([layer(x[i : i + 1]) for i in range(40)])
+    for rows in range(1, 41):
+        assert torch.equal(layer(x[:rows]), alone[:rows]), rows
+
+
 def test_a_shape_the_4_bit_kernel_refuses_gets_8_bits():
     assert isinstance(quantized_linear(torch.randn(50, 64), None, 4), Int8Linear)  # 50 rows: not tiles of 16
     assert isinstance(quantized_linear(torch.randn(48, 64), None, 4), Int4Linear)
@@ -113,6 +123,7 @@ def test_default_model_runs_as_shipped(as_shipped):
     weight_bytes = sum(b.numel() * b.element_size() for m in int4 for b in m.buffers())
     assert weight_bytes < 0.66 * sum(m.in_features * m.out_features for m in int4)  # ~0.6 bytes a weight
     assert isinstance(model.embed_tokens, Q8Embedding) and isinstance(model.lm_head, Int8Linear)
+    assert rows_independent(model)
 
 
 def test_q8_0_embedding_is_the_file_exactly(as_shipped, dequantized):

@@ -185,3 +185,11 @@ def quantize_linears(model: nn.Module, bits: int) -> nn.Module:
         bias = None if module.bias is None else module.bias.detach().to(ACTIVATION)
         model.set_submodule(name, quantized_linear(module.weight.detach(), bias, bits))
     return model.to(ACTIVATION)
+
+
+def rows_independent(model: nn.Module) -> bool:
+    """True when no layer's result for one row depends on how many rows the call has: every
+    matmul is a 4- or 8-bit kernel here (checked for 1..40 rows in tests/test_quant.py), none a
+    float nn.Linear (whose BLAS picks its kernel by row count). Then a batch needs no padding to
+    give each request exactly what it gets alone."""
+    return not any(isinstance(m, nn.Linear) for m in model.modules())

@@ -25,6 +25,7 @@ import torch
 from nexttok.cache import SlotCache
 from nexttok.generate import Generation, Step
 from nexttok.models import Model
+from nexttok.quant import rows_independent
 from nexttok.server.metrics import Metrics
 
 
@@ -68,8 +69,9 @@ class Scheduler:
                                          dtype=parameter.dtype, device=self.device)
         self.max_queue, self.timeout = max_queue, timeout
         # batch_invariant: every decode step runs max_running rows (free slots as scratch), so a
-        # request's tokens do not depend on what else is running; costs speed when few run.
-        self.pad_to = max_running if batch_invariant else 1
+        # request's tokens do not depend on what else is running; costs speed when few run. A
+        # model whose every matmul is row-independent (quantized kernels) needs no padding.
+        self.pad_to = max_running if batch_invariant and not rows_independent(model) else 1
         self.metrics = metrics or Metrics()
         self.waiting: collections.deque[Job] = collections.deque()
         self.running: list[Job] = []  # running[i] holds cache slot i
