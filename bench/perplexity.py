@@ -46,7 +46,7 @@ def botchan() -> str:
                         "sentencepiece==0.2.3", "-d", tmp], check=True)
         with tarfile.open(next(Path(tmp).glob("sentencepiece-*.tar.gz"))) as archive:
             member = next(m for m in archive.getmembers() if m.name.endswith("test/botchan.txt"))
-            return archive.extractfile(member).read().decode("utf-8")
+            return archive.extractfile(member).read().decode("utf-8").replace("\r\n", "\n")  # as read_text does
 
 
 def windows(ids: list[int], size: int) -> list[list[int]]:
