@@ -85,6 +85,11 @@ def test_kernels_give_a_row_the_same_result_whatever_the_row_count(make):
         assert torch.equal(layer(x[:rows]), alone[:rows]), rows
 
 
+def test_an_unknown_dtype_names_the_choices(tmp_path):
+    with pytest.raises(ValueError, match="dtype must be one of auto, int8, int4, float32.*got 'int3'"):
+        load_checkpoint("default", dtype="int3")
+
+
 def test_a_shape_the_4_bit_kernel_refuses_gets_8_bits():
     assert isinstance(quantized_linear(torch.randn(50, 64), None, 4), Int8Linear)  # 50 rows: not tiles of 16
     assert isinstance(quantized_linear(torch.randn(48, 64), None, 4), Int4Linear)

@@ -133,7 +133,7 @@ def test_config_problems(tmp_path):
 
 
 def test_bad_dtype_and_device(llama_dir):
-    with pytest.raises(ValueError, match="dtype must be one of float32, .* got 'float8'"):
+    with pytest.raises(ValueError, match="dtype must be one of auto, int8, int4, float32, .*got 'float8'"):
         load_model(llama_dir, dtype="float8")
     with pytest.raises(ValueError, match="device 'gpu7' is not valid"):
         load_model(llama_dir, device="gpu7")

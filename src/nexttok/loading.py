@@ -28,7 +28,7 @@ from nexttok.quant import BITS, quantize_linears
 from nexttok.sources import open_gguf, resolve_checkpoint
 from nexttok.tokenizer import Tokenizer
 from nexttok.tokenizer_json import from_directory, tokenizer_from_json
-from nexttok.weights import assign_weights, checkpoint_files, pick_device, pick_dtype
+from nexttok.weights import DTYPES, assign_weights, checkpoint_files, pick_device, pick_dtype
 
 
 @dataclass
@@ -43,6 +43,7 @@ class Checkpoint:
 
 def load_checkpoint(source: str | Path, *, dtype: str | None = None, device: str | None = None) -> Checkpoint:
     """Model, tokenizer and chat template of one checkpoint (any source resolve_checkpoint takes)."""
+    check_dtype(dtype)
     path = resolve_checkpoint(source)
     if path.is_file():  # a .gguf
         gguf = open_gguf(path)
@@ -65,11 +66,18 @@ def load_checkpoint(source: str | Path, *, dtype: str | None = None, device: str
 
 def load_model(source: str | Path, *, dtype: str | torch.dtype | None = None, device: str | None = None) -> Model:
     """The model alone (eval mode), from any source load_checkpoint takes."""
+    check_dtype(dtype)
     path = resolve_checkpoint(source)
     if path.is_file():
         gguf = open_gguf(path)
         return gguf_model(gguf, from_hf_config(gguf.config), dtype, pick_device(device)).eval()
     return _directory_model(path, dtype, device)
+
+
+def check_dtype(dtype) -> None:
+    """A dtype name the loaders take (or a torch.dtype); ValueError naming the choices otherwise."""
+    if not (dtype is None or isinstance(dtype, torch.dtype) or dtype in ("auto", *BITS, *DTYPES)):
+        raise ValueError(f"dtype must be one of auto, {', '.join(BITS)}, {', '.join(DTYPES)}; got {dtype!r}")
 
 
 def _directory_model(directory: Path, dtype, device: str | None) -> Model:
