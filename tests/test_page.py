@@ -13,7 +13,6 @@ import shutil
 import warnings
 
 import pytest
-import torch
 
 from nexttok.sampling import SamplerChain, SamplingParams
 
@@ -64,14 +63,18 @@ def _set_dials(page, settings: dict) -> dict:
     return json.loads(page.get_attribute("#table", "data-dials"))
 
 
-def _check_against_sampling(page, served, prompt_ids: list[int], step_draw: float) -> None:
+def _check_against_sampling(page, served, explainer, prompt_ids: list[int], step_draw: float) -> None:
     """The page's rows, stages and pick equal SamplerChain's on the step's logits, with its u."""
     shown = json.loads(page.get_attribute("#table", "data-dials"))
     params = SamplingParams(**shown)
     generated = [int(x) for x in page.locator("#tokens .chip.generated").evaluate_all("els => els.map(e => e.dataset.id)")]
     path = generated[:-1]  # the table belongs to the step that made the last token
-    with torch.inference_mode():
-        logits = served.model(torch.tensor([prompt_ids + path]))[0, -1].float()
+    # the session's own logits of that step: a forward recomputed here (other shapes, other last
+    # bits) can reorder near-equal probabilities in the tail and so move an inverse-CDF pick
+    (opened,) = explainer.sessions.values()
+    node = opened.session.nodes[opened.session.current].parent
+    assert opened.session.path(node) == path
+    logits = opened.session.forward(node).logits
     chain = SamplerChain.from_params(params, served.model.config.vocab_size, prompt_ids)
     for token in path:
         chain.accept(token)
@@ -135,6 +138,7 @@ def _start_and_step(page, server, served, steps: int) -> list[int]:
 def test_explainer_page(browser, live):
     server, served = live
     page = browser.new_page(viewport={"width": 1280, "height": 1000})
+    explainer = server.server.app.state.explainer  # its session's logits are the oracle's input
     errors: list[str] = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(str(e)))
@@ -159,13 +163,13 @@ def test_explainer_page(browser, live):
     assert page.locator("#attention .att").count() == len(ids) + 2  # keys of the last step
     draw = float(page.get_attribute("#redraw", "data-draw"))
     assert 0 <= draw < 1 and f"draw u = {draw:.3f}" in page.inner_text("#chosen")
-    _check_against_sampling(page, served, ids, draw)  # as stepped: the neutral dials build no stage
+    _check_against_sampling(page, served, explainer, ids, draw)  # as stepped: the neutral dials build no stage
 
     for settings in ({"temperature": 0.3}, {"temperature": 1, "top_k": 3}, {"top_k": 0, "top_p": 0.5, "min_p": 0.1},
                      {"top_p": 1, "min_p": 0, "repetition_penalty": 1.8, "presence_penalty": 1, "temperature": 0.7},
                      {"temperature": 0, "frequency_penalty": -1.5}):
         _set_dials(page, settings)
-        _check_against_sampling(page, served, ids, draw)
+        _check_against_sampling(page, served, explainer, ids, draw)
         if settings.get("top_k") == 3:
             assert page.locator("#table tbody tr.cut").count() >= 7  # top-k 3 cuts all but three rows
 
@@ -179,7 +183,7 @@ def test_explainer_page(browser, live):
     assert shown["order"] == order
     page.wait_for_timeout(400)
     assert json.loads(page.get_attribute("#table", "data-dials")) == shown
-    _check_against_sampling(page, served, ids, draw)
+    _check_against_sampling(page, served, explainer, ids, draw)
     names = page.locator("#stages li").evaluate_all("els => els.map(e => e.dataset.stage)")
     assert names == ["raw", "temperature", "penalties", "top_p", "draw"]
     _set_dials(page, NEUTRAL)
@@ -196,7 +200,7 @@ def test_explainer_page(browser, live):
     page.click("#step")
     page.wait_for_function("document.querySelectorAll('#tokens .chip.generated').length === 4")
     page.wait_for_function("document.querySelector('#table').dataset.dials !== undefined")
-    _check_against_sampling(page, served, ids, float(page.get_attribute("#redraw", "data-draw")))
+    _check_against_sampling(page, served, explainer, ids, float(page.get_attribute("#redraw", "data-draw")))
     ink, colours = _ink(browser, page.screenshot(full_page=True))
     assert ink > 0.05 and colours > 50, (ink, colours)
     for part in ("#tokens", "#dials", "#table", "#stages", "#attention", "#tree", "#timing"):

@@ -125,6 +125,7 @@ class Explainer:
 def install_explainer(app: FastAPI, served_for: ServedFor) -> None:
     """Add the page and its API; served_for(name) resolves a model as the OpenAI routes do."""
     explainer = Explainer(served_for)
+    app.state.explainer = explainer
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @app.get("/", include_in_schema=False)
