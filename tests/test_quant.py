@@ -85,7 +85,7 @@ def test_kernels_give_a_row_the_same_result_whatever_the_row_count(make):
         assert torch.equal(layer(x[:rows]), alone[:rows]), rows
 
 
-def test_an_unknown_dtype_names_the_choices(tmp_path):
+def test_an_unknown_dtype_names_the_choices():
     with pytest.raises(ValueError, match="dtype must be one of auto, int8, int4, float32.*got 'int3'"):
         load_checkpoint("default", dtype="int3")
 
