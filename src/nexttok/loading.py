@@ -22,6 +22,7 @@ import torch
 
 from nexttok.chat import ChatTemplate
 from nexttok.config import CheckpointError, from_hf_config, read_config, read_generation_stop_ids
+from nexttok.gguf import GGUFFile
 from nexttok.gguf_weights import gguf_model
 from nexttok.models import Model, build_model
 from nexttok.quant import BITS, quantize_linears
@@ -46,9 +47,7 @@ def load_checkpoint(source: str | Path, *, dtype: str | None = None, device: str
     check_dtype(dtype)
     path = resolve_checkpoint(source)
     if path.is_file():  # a .gguf
-        gguf = open_gguf(path)
-        config = from_hf_config(gguf.config)
-        model = gguf_model(gguf, config, dtype, pick_device(device)).eval()
+        gguf, model = _from_gguf(path, dtype, device)
         tokenizer = tokenizer_from_json(gguf.tokenizer, f"{path.name} (tokenizer metadata)")
         template = ChatTemplate.from_config(gguf.tokenizer_config)
     else:
@@ -68,16 +67,18 @@ def load_model(source: str | Path, *, dtype: str | torch.dtype | None = None, de
     """The model alone (eval mode), from any source load_checkpoint takes."""
     check_dtype(dtype)
     path = resolve_checkpoint(source)
-    if path.is_file():
-        gguf = open_gguf(path)
-        return gguf_model(gguf, from_hf_config(gguf.config), dtype, pick_device(device)).eval()
-    return _directory_model(path, dtype, device)
+    return _from_gguf(path, dtype, device)[1] if path.is_file() else _directory_model(path, dtype, device)
 
 
 def check_dtype(dtype) -> None:
     """A dtype name the loaders take (or a torch.dtype); ValueError naming the choices otherwise."""
     if not (dtype is None or isinstance(dtype, torch.dtype) or dtype in ("auto", *BITS, *DTYPES)):
         raise ValueError(f"dtype must be one of auto, {', '.join(BITS)}, {', '.join(DTYPES)}; got {dtype!r}")
+
+
+def _from_gguf(path: Path, dtype, device: str | None) -> tuple[GGUFFile, Model]:
+    gguf = open_gguf(path)
+    return gguf, gguf_model(gguf, from_hf_config(gguf.config), dtype, pick_device(device)).eval()
 
 
 def _directory_model(directory: Path, dtype, device: str | None) -> Model:
