@@ -29,7 +29,7 @@ from nexttok.quant import BITS, quantize_linears
 from nexttok.sources import open_gguf, resolve_checkpoint
 from nexttok.tokenizer import Tokenizer
 from nexttok.tokenizer_json import from_directory, tokenizer_from_json
-from nexttok.weights import DTYPES, assign_weights, checkpoint_files, pick_device, pick_dtype
+from nexttok.weights import assign_weights, check_dtype, checkpoint_files, pick_device, pick_dtype
 
 
 @dataclass
@@ -68,12 +68,6 @@ def load_model(source: str | Path, *, dtype: str | torch.dtype | None = None, de
     check_dtype(dtype)
     path = resolve_checkpoint(source)
     return _from_gguf(path, dtype, device)[1] if path.is_file() else _directory_model(path, dtype, device)
-
-
-def check_dtype(dtype) -> None:
-    """A dtype name the loaders take (or a torch.dtype); ValueError naming the choices otherwise."""
-    if not (dtype is None or isinstance(dtype, torch.dtype) or dtype in ("auto", *BITS, *DTYPES)):
-        raise ValueError(f"dtype must be one of auto, {', '.join(BITS)}, {', '.join(DTYPES)}; got {dtype!r}")
 
 
 def _from_gguf(path: Path, dtype, device: str | None) -> tuple[GGUFFile, Model]:

@@ -16,6 +16,7 @@ import torch
 
 from nexttok.config import CheckpointError, ModelConfig
 from nexttok.models.fused import FusedLinear, fused_parts
+from nexttok.quant import BITS
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -187,6 +188,11 @@ def pick_dtype(dtype: str | torch.dtype | None, device: torch.device, config: Mo
         if device.type == "cpu" or config.torch_dtype == "float32":
             return torch.float32
         return DTYPES.get(config.torch_dtype or "", torch.bfloat16)
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)} or auto, got {dtype!r}")
+    check_dtype(dtype)
     return DTYPES[dtype]
+
+
+def check_dtype(dtype) -> None:
+    """A dtype name the loaders take (or a torch.dtype); ValueError naming the choices otherwise."""
+    if not (dtype is None or isinstance(dtype, torch.dtype) or dtype in ("auto", *BITS, *DTYPES)):
+        raise ValueError(f"dtype must be one of auto, {', '.join(BITS)}, {', '.join(DTYPES)}; got {dtype!r}")
