@@ -44,13 +44,14 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--compile", action="store_true", help="add a column with the decode step compiled")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         directory = str(resolve_checkpoint(args.model)) if args.model else gpt2_124m_random(tmp)
         cfg = BenchConfig(directory, new_tokens=args.new_tokens, prompt_tokens=args.prompt_tokens,
                           repeat=args.repeat, threads=args.threads, dtype=args.dtype)
         print(f"model: {args.model or 'GPT-2 124M shape, random weights'}; {args.threads} threads; {args.dtype}")
-        print(run(cfg, ["nexttok", "hf", "llama.cpp"]))
+        print(run(cfg, ["nexttok", *(["compiled"] if args.compile else []), "hf", "llama.cpp"]))
 
 
 if __name__ == "__main__":

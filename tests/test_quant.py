@@ -164,16 +164,17 @@ def test_as_shipped_greedy_text_equals_float32(as_shipped, dequantized):
 
 def test_with_and_without_the_cache_as_shipped(as_shipped):
     """Greedy tokens are equal up to the first near tie, and logprobs agree within bfloat16's noise.
-    (Not bit for bit: torch's bfloat16 attention kernel rounds a row differently in a 13-row causal
-    call than in an 11-row one, so where the top two tokens are within that noise either may win.)"""
+    (Not bit for bit: torch's attention kernel sums a row in another order in a 13-row causal call
+    than in a one-row decode step, and the bfloat16 activations round that difference up, so where
+    the top two tokens are within that noise either may win.)"""
     compared = 0
     for prompt in PROMPTS:
         cached, recomputed = (generate(as_shipped.model, as_shipped.tokenizer, prompt, GREEDY, max_tokens=16,
                                        use_cache=cache, stop_token_ids=[], top_n=2).steps for cache in (True, False))
         for a, b in zip(cached, recomputed, strict=True):
-            assert abs(a.logprob - b.logprob) < 0.15
             if a.top[0].logprob - a.top[1].logprob < 0.15:  # a near tie: the next token may differ
                 break
+            assert abs(a.logprob - b.logprob) < 0.15
             assert a.token_id == b.token_id
             compared += 1
     assert compared >= 24, f"only {compared} steps before near ties: the check saw too little"

@@ -10,6 +10,7 @@ bytes nexttok's model really holds, quantized or not ÷ read bandwidth measured 
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import resource
 import statistics
@@ -33,7 +34,9 @@ METRICS = (  # key, label, higher is better
     ("ttft_ms", "time to first token, ms", False),
     ("nocache_tps", "decode tokens/s without KV cache", True),
     ("peak_rss_mb", "peak RSS, MB", False),
+    ("compile_s", "decode step compile (first use), s", False),
 )
+OURS = ("nexttok", "compiled")  # columns of this engine: as loaded, and with the decode step compiled
 
 
 @dataclass
@@ -46,6 +49,7 @@ class BenchConfig:
     repeat: int = 3
     threads: int = 2
     dtype: str = "auto"  # nexttok's: a .gguf as shipped, a directory in float32 (HF: float32 then)
+    compile: bool = False  # nexttok's decode step through torch.compile
     extra: dict = field(default_factory=dict)
 
 
@@ -73,7 +77,7 @@ def _median(values: list[float]) -> float:
 
 def bench_nexttok(cfg: BenchConfig) -> dict:
     torch.set_num_threads(cfg.threads)
-    checkpoint = load_checkpoint(cfg.source, dtype=cfg.dtype, device="cpu")
+    checkpoint = load_checkpoint(cfg.source, dtype=cfg.dtype, device="cpu", compile=cfg.compile)
     model, tokenizer = checkpoint.model, checkpoint.tokenizer
     vocab = model.config.vocab_size
     greedy = SamplingParams(temperature=0)
@@ -93,9 +97,15 @@ def bench_nexttok(cfg: BenchConfig) -> dict:
     prefill = [cfg.prompt_tokens / _timed(lambda: _forward_nexttok(model, long)) for _ in range(cfg.repeat)]
     nocache = [decode_run(long, cfg.nocache_tokens, use_cache=False)[0] for _ in range(max(1, cfg.repeat - 1))]
     cached_long = [decode_run(long, cfg.nocache_tokens)[0] for _ in range(max(1, cfg.repeat - 1))]
+    compiled = {"compile_s": model.compiled.compile_seconds} if model.compiled else {}
     return {"decode_tps": _median(decode), "prefill_tps": _median(prefill), "ttft_ms": 1000 * _median(ttft),
             "nocache_tps": _median(nocache), "cache_long_tps": _median(cached_long),
-            "weight_bytes": weight_bytes(model)}
+            "weight_bytes": weight_bytes(model), **compiled}
+
+
+def bench_compiled(cfg: BenchConfig) -> dict:
+    """nexttok with the decode step compiled; its first decode (the warm-up) pays the compile."""
+    return bench_nexttok(dataclasses.replace(cfg, compile=True))
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -198,20 +208,19 @@ def report(results: dict[str, dict | str], bandwidth_gbs: float, cfg: BenchConfi
     """A plain-text table of medians, ratios against nexttok, and the roofline."""
     names = list(results)
     ok = {n: r for n, r in results.items() if isinstance(r, dict)}
-    lines = [f"{'metric':<38}" + "".join(f"{n:>16}" for n in names) + "".join(
-        f"{'nexttok/' + n:>18}" for n in names if n != "nexttok" and n in ok)]
+    pairs = [(a, b) for a in OURS if a in ok for b in names if b not in OURS and b in ok]
+    lines = [f"{'metric':<38}" + "".join(f"{n:>16}" for n in names) + "".join(f"{a + '/' + b:>20}" for a, b in pairs)]
     for key, label, higher in METRICS:
+        if not any(key in r for r in ok.values()):
+            continue
         row = f"{label:<38}"
         for n in names:
             value = ok.get(n, {}).get(key)
             row += f"{value:>16.1f}" if value is not None else f"{'-':>16}"
-        ours = ok.get("nexttok", {}).get(key)
-        for n in names:
-            if n == "nexttok" or n not in ok:
-                continue
-            theirs = ok[n].get(key)
+        for a, b in pairs:
+            ours, theirs = ok[a].get(key), ok[b].get(key)
             ratio = (ours / theirs if higher else theirs / ours) if ours and theirs else None
-            row += f"{ratio:>17.2f}x" if ratio else f"{'-':>18}"
+            row += f"{ratio:>19.2f}x" if ratio else f"{'-':>20}"
         lines.append(row)
     for n, r in results.items():
         if isinstance(r, str):
@@ -221,7 +230,8 @@ def report(results: dict[str, dict | str], bandwidth_gbs: float, cfg: BenchConfi
         roofline = bandwidth_gbs * 1e9 / ours["weight_bytes"]
         lines += [
             f"memory read bandwidth {bandwidth_gbs:.1f} GB/s; weights {ours['weight_bytes'] / 1e6:.0f} MB "
-            f"-> roofline {roofline:.1f} tokens/s; nexttok decode at {100 * ours['decode_tps'] / roofline:.0f}% of it",
+            f"-> roofline {roofline:.1f} tokens/s; nexttok decode at {100 * ours['decode_tps'] / roofline:.0f}% of it"
+            + (f" (compiled: {100 * ok['compiled']['decode_tps'] / roofline:.0f}%)" if "compiled" in ok else ""),
             f"KV cache vs none after a {cfg.prompt_tokens}-token prompt: {ours['cache_long_tps']:.1f} vs "
             f"{ours['nocache_tps']:.1f} tokens/s = {ours['cache_long_tps'] / ours['nocache_tps']:.1f}x",
         ]
@@ -249,7 +259,7 @@ def run(cfg: BenchConfig, engines: list[str]) -> str:
     """Each engine in its own process; "llama.cpp" joins when llama-cpp-python is installed."""
     import tempfile
 
-    targets = {"nexttok": bench_nexttok, "hf": bench_hf, "llama.cpp": bench_llama_cpp}
+    targets = {"nexttok": bench_nexttok, "compiled": bench_compiled, "hf": bench_hf, "llama.cpp": bench_llama_cpp}
     unknown = [e for e in engines if e not in targets]
     if unknown:
         raise ValueError(f"unknown engines {unknown}; choose from {', '.join(targets)}")

@@ -12,6 +12,14 @@ from typing import Protocol
 import torch
 
 
+def storage_dtype(dtype: torch.dtype, device: torch.device | str) -> torch.dtype:
+    """The dtype a model's keys and values are kept (and attended) in: float32 on the CPU whatever
+    the weights, since the CPU attention kernels run 2-6x faster in float32 than in bfloat16 here
+    (no native bfloat16 arithmetic: 147 vs 36 us at 150 keys, 485 vs 76 us at 600, SmolLM2's
+    heads); the model's own dtype on an accelerator."""
+    return torch.float32 if torch.device(device).type == "cpu" and dtype.is_floating_point else dtype
+
+
 class ContextFull(ValueError):
     """More tokens than the cache (the context window) holds."""
 
@@ -51,10 +59,11 @@ class KVCache:
     @classmethod
     def for_model(cls, config, batch: int = 1, max_len: int | None = None, dtype=torch.float32,
                   device="cpu") -> KVCache:
-        """A cache sized for `config` (max_len defaults to the model's context window)."""
+        """A cache sized for `config` (max_len defaults to the model's context window), for a model
+        whose weights are `dtype` (the cache's own dtype: storage_dtype)."""
         max_len = max_len or config.max_position_embeddings
         return cls(config.num_hidden_layers, batch, config.num_key_value_heads, max_len,
-                   config.head_dim, dtype, device)
+                   config.head_dim, storage_dtype(dtype, device), device)
 
     @property
     def batch(self) -> int:
@@ -122,7 +131,7 @@ class SlotCache:
     def for_model(cls, config, slots: int, max_len: int | None = None, dtype=torch.float32,
                   device="cpu") -> SlotCache:
         return cls(config.num_hidden_layers, slots, config.num_key_value_heads,
-                   max_len or config.max_position_embeddings, config.head_dim, dtype, device)
+                   max_len or config.max_position_embeddings, config.head_dim, storage_dtype(dtype, device), device)
 
     @property
     def slots(self) -> int:
@@ -238,6 +247,6 @@ class _BatchView:
 
     def update_and_fetch(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         store = self.owner.store
-        store.k[layer, self.rows, :, self.ends] = k[:, :, 0]  # (B, n_kv, head_dim) at each row's end
-        store.v[layer, self.rows, :, self.ends] = v[:, :, 0]
+        store.k[layer, self.rows, :, self.ends] = k[:, :, 0].to(store.k.dtype)  # (B, n_kv, hd) at each row's end
+        store.v[layer, self.rows, :, self.ends] = v[:, :, 0].to(store.v.dtype)
         return store.k[layer, : self.n, :, : self.width], store.v[layer, : self.n, :, : self.width]

@@ -17,6 +17,8 @@ from nexttok.tokenizer import Piece
 
 DTYPE_HELP = ("auto (default: a .gguf as shipped, quantized; a checkpoint directory in float32 on CPU), "
               "float32, bfloat16, float16, or int8 / int4 (linear layers quantized at load)")
+COMPILE_HELP = ("compile the decode step (torch.compile; needs a C++ compiler): faster steps after a one-time "
+                "compile at the first step (cached on disk), so it pays off for long runs and servers")
 # llama.cpp's defaults for an interactive run; the library's SamplingParams defaults are neutral
 CLI_SAMPLING = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repetition_penalty=1.0)
 
@@ -86,7 +88,7 @@ def _model_and_prompt(args: argparse.Namespace) -> tuple[str, str]:
 def _load(model: str, args: argparse.Namespace):
     from nexttok.loading import load_checkpoint
 
-    checkpoint = load_checkpoint(model, dtype=args.dtype, device=args.device)
+    checkpoint = load_checkpoint(model, dtype=args.dtype, device=args.device, compile=args.compile)
     return checkpoint.model, checkpoint.tokenizer
 
 
@@ -187,6 +189,7 @@ def _add_generation_args(p: argparse.ArgumentParser, max_tokens: int | None) -> 
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--dtype", default=None, help=DTYPE_HELP)
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    p.add_argument("--compile", action="store_true", help=COMPILE_HELP)
     if max_tokens is not None:
         p.add_argument("--max-tokens", type=int, default=max_tokens, help="(default %(default)s)")
 
@@ -256,7 +259,8 @@ def cmd_serve(args: argparse.Namespace, out: Console) -> int:
     served = []
     for i, source in enumerate(sources):
         err.print(f"[dim]loading {source} ...[/]")
-        served.append(load_served(source, names[i] if names else None, dtype=args.dtype, device=args.device))
+        served.append(load_served(source, names[i] if names else None, dtype=args.dtype, device=args.device,
+                                  compile=args.compile))
     api_key = args.api_key or os.environ.get("NEXTTOK_API_KEY")
     limits = ServerLimits(max_running=args.max_running, max_queue=args.max_queue,
                           request_timeout=args.request_timeout or None, max_model_len=args.max_model_len or None,
@@ -284,6 +288,8 @@ def cmd_bench(args: argparse.Namespace, out: Console) -> int:
         engines.append("llama.cpp")  # reported as skipped, with the reason, when it cannot run
     cfg = BenchConfig(str(path), new_tokens=args.new_tokens, prompt_tokens=args.prompt_tokens,
                       repeat=args.repeat, threads=args.threads, dtype=args.dtype)
+    if args.compile:
+        engines.insert(1, "compiled")
     for name, value in (("--new-tokens", cfg.new_tokens), ("--prompt-tokens", cfg.prompt_tokens),
                         ("--repeat", cfg.repeat), ("--threads", cfg.threads)):
         if value < 1:
@@ -304,6 +310,7 @@ def _add_serve_parser(sub) -> None:
     serve.add_argument("--served-model-name", action="append", help="name clients use (one per model)")
     serve.add_argument("--dtype", default=None, help=DTYPE_HELP)
     serve.add_argument("--device", default=None)
+    serve.add_argument("--compile", action="store_true", help=COMPILE_HELP)
     serve.add_argument("--max-running", type=int, default=8, help="requests decoded together (default 8)")
     serve.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429 (default 64)")
     serve.add_argument("--request-timeout", type=float, default=600.0, help="seconds; 0 = none (default 600)")
@@ -326,6 +333,7 @@ def _add_bench_parser(sub) -> None:
     bench.add_argument("--threads", type=int, default=2)
     bench.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     bench.add_argument("--no-compare", action="store_true", help="nexttok only")
+    bench.add_argument("--compile", action="store_true", help="add a column with the decode step compiled")
     bench.set_defaults(func=cmd_bench)
 
 

@@ -15,6 +15,7 @@ need none of it.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from nexttok.config import CheckpointError, from_hf_config, read_config, read_ge
 from nexttok.gguf import GGUFFile
 from nexttok.gguf_weights import gguf_model
 from nexttok.models import Model, build_model
+from nexttok.models.compiled import CompileUnavailable, compile_decode
 from nexttok.quant import BITS, quantize_linears
 from nexttok.sources import open_gguf, resolve_checkpoint
 from nexttok.tokenizer import Tokenizer
@@ -42,8 +44,11 @@ class Checkpoint:
     path: Path  # the checkpoint directory or .gguf file it came from
 
 
-def load_checkpoint(source: str | Path, *, dtype: str | None = None, device: str | None = None) -> Checkpoint:
-    """Model, tokenizer and chat template of one checkpoint (any source resolve_checkpoint takes)."""
+def load_checkpoint(source: str | Path, *, dtype: str | None = None, device: str | None = None,
+                    compile: bool = False) -> Checkpoint:
+    """Model, tokenizer and chat template of one checkpoint (any source resolve_checkpoint takes).
+    compile: run decode steps through torch.compile (models/compiled.py); where it cannot run,
+    one line on stderr says why and the model runs uncompiled."""
     check_dtype(dtype)
     path = resolve_checkpoint(source)
     if path.is_file():  # a .gguf
@@ -60,6 +65,11 @@ def load_checkpoint(source: str | Path, *, dtype: str | None = None, device: str
     if tokenizer.vocab_size > model.config.vocab_size:
         raise CheckpointError(f"tokenizer has {tokenizer.vocab_size} ids but the model only "
                               f"{model.config.vocab_size} embeddings")
+    if compile:
+        try:
+            compile_decode(model)
+        except CompileUnavailable as e:
+            print(f"nexttok: --compile: {e}", file=sys.stderr)
     return Checkpoint(model, tokenizer, template, path)
 
 

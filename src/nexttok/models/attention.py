@@ -8,6 +8,7 @@ cache all come out of one rule: query at position p sees key at position j when 
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -43,6 +44,44 @@ class AttentionCapture:
         if not isinstance(mask, str):  # with ALL and CAUSAL the last query sees every key
             scores = scores.masked_fill(~mask[:, :, -1:], float("-inf"))
         self.last_query.append(torch.softmax(scores.float(), dim=-1)[:, :, 0])  # (B, n_head, S)
+
+
+class _Traced:
+    """What a layer is given as its cache and masks when torch.compile traces the decode step
+    (compiled.py): attention then goes through the opaque op below, which finds the real cache and
+    mask in STEP. masks[w] is itself, so a layer's code reads the same either way."""
+
+    def __getitem__(self, window):
+        return self
+
+
+TRACED = _Traced()
+STEP = threading.local()  # cache, mask: the current layer's, while a compiled step runs
+
+
+@torch.library.custom_op("nexttok::cached_attention", mutates_args=())
+def _cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Store k, v in STEP.cache and attend over everything cached, under STEP.mask. Opaque to the
+    compiler: its output has q's shape whatever the cache holds, so the compiled graph keeps
+    static shapes; the cache is written here, outside the graph, and nothing in it reads it."""
+    return attend_cached(q, k, v, STEP.layer, STEP.mask, STEP.cache)
+
+
+@_cached_attention.register_fake
+def _(q, k, v):
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+def attend_cached(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, mask, cache: Cache | None,
+                  capture: AttentionCapture | None = None) -> torch.Tensor:
+    """One layer's attention: this call's k, v (B, n_kv, T, hd) stored in the cache (when there is
+    one), q attending over all of them in the cache's dtype (storage_dtype); (B, n_head, T, hd)
+    back in q's dtype."""
+    if cache is TRACED:
+        return torch.ops.nexttok.cached_attention(q, k, v)
+    if cache is not None:
+        k, v = cache.update_and_fetch(layer, k, v)  # (B, n_kv, S, hd)
+    return attend(q.to(k.dtype), k, v, mask, capture).to(q.dtype, memory_format=torch.contiguous_format)
 
 
 def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None = None) -> torch.Tensor:

@@ -15,7 +15,8 @@ from torch import nn
 
 from nexttok.cache import Cache
 from nexttok.config import ModelConfig
-from nexttok.models.attention import AttentionCapture, attend, keys_for, masks_for, positions_for
+from nexttok.models.attention import AttentionCapture, attend_cached, keys_for, masks_for, positions_for
+from nexttok.models.compiled import CompiledDecode
 
 ACTIVATIONS = {
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
@@ -41,9 +42,7 @@ class Attention(nn.Module):
         q = q.view(b, t, self.n_head, self.head_dim).transpose(1, 2)  # (B, n_head, T, hd)
         k = k.view(b, t, self.n_head, self.head_dim).transpose(1, 2)
         v = v.view(b, t, self.n_head, self.head_dim).transpose(1, 2)
-        if cache is not None:
-            k, v = cache.update_and_fetch(self.layer_idx, k, v)  # (B, n_head, S, hd)
-        y = attend(q, k, v, masks[None], capture)  # (B, n_head, T, hd)
+        y = attend_cached(q, k, v, self.layer_idx, masks[None], cache, capture)  # (B, n_head, T, hd)
         return self.c_proj(y.transpose(1, 2).reshape(b, t, hidden))
 
 
@@ -86,6 +85,7 @@ class GPT2(nn.Module):
         self.ln_f = nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
+        self.compiled: CompiledDecode | None = None  # compiled.compile_decode turns it on
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
@@ -103,8 +103,11 @@ class GPT2(nn.Module):
         k_pos, contiguous = keys_for(q_pos, cache, explicit=positions is not None)  # (B, S)
         masks = masks_for(q_pos, k_pos, {None}, contiguous, cache)
         x = self.wte(ids) + self.wpe(q_pos.clamp(min=0))  # (B, T, hidden)
-        for block in self.h:
-            x = block(x, masks, cache, capture)
+        if self.compiled is not None and self.compiled.takes(ids, cache, capture):
+            x = self.compiled.run(self.h, x, (), [masks[None]] * len(self.h), cache)
+        else:
+            for block in self.h:
+                x = block(x, masks, cache, capture)
         if last_only:
             x = x[:, -1:]
         return self.lm_head(self.ln_f(x))

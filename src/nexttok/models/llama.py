@@ -18,7 +18,8 @@ from torch import nn
 
 from nexttok.cache import Cache
 from nexttok.config import ModelConfig
-from nexttok.models.attention import AttentionCapture, attend, keys_for, masks_for, positions_for
+from nexttok.models.attention import AttentionCapture, attend_cached, keys_for, masks_for, positions_for
+from nexttok.models.compiled import CompiledDecode
 from nexttok.models.fused import FusedLinear
 
 
@@ -83,9 +84,7 @@ class Attention(nn.Module):
         q = qk[:, :, : self.n_head].transpose(1, 2)  # (B, n_head, T, hd)
         k = qk[:, :, self.n_head :].transpose(1, 2)  # (B, n_kv, T, hd)
         v = heads[:, :, self.n_head + self.n_kv_head :].transpose(1, 2)  # (B, n_kv, T, hd)
-        if cache is not None:
-            k, v = cache.update_and_fetch(self.layer_idx, k, v)  # (B, n_kv, S, hd)
-        y = attend(q, k, v, masks[self.window], capture)  # (B, n_head, T, hd)
+        y = attend_cached(q, k, v, self.layer_idx, masks[self.window], cache, capture)  # (B, n_head, T, hd)
         return self.o_proj(y.transpose(1, 2).reshape(b, t, self.n_head * self.head_dim))
 
 
@@ -133,6 +132,7 @@ class Llama(nn.Module):
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
         self._windows = {layer.self_attn.window for layer in self.layers}
+        self.compiled: CompiledDecode | None = None  # compiled.compile_decode turns it on
         if not self.norm.weight.is_meta:  # on the meta device the loader calls it once weights are in
             self.init_buffers()
 
@@ -160,8 +160,12 @@ class Llama(nn.Module):
         x = self.embed_tokens(ids)  # (B, T, hidden)
         cos = self.rope_cos[rows].to(x.dtype)[:, :, None]  # (B, T, 1, hd/2)
         sin = self.rope_sin[rows].to(x.dtype)[:, :, None]
-        for layer in self.layers:
-            x = layer(x, cos, sin, masks, cache, capture)
+        if self.compiled is not None and self.compiled.takes(ids, cache, capture):
+            layer_masks = [masks[layer.self_attn.window] for layer in self.layers]
+            x = self.compiled.run(self.layers, x, (cos, sin), layer_masks, cache)
+        else:
+            for layer in self.layers:
+                x = layer(x, cos, sin, masks, cache, capture)
         if last_only:
             x = x[:, -1:]
         return self.lm_head(self.norm(x))

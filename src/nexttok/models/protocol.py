@@ -10,6 +10,7 @@ import torch
 from nexttok.cache import Cache
 from nexttok.config import ModelConfig
 from nexttok.models.attention import AttentionCapture
+from nexttok.models.compiled import CompiledDecode
 
 
 class Model(Protocol):
@@ -20,6 +21,7 @@ class Model(Protocol):
     position only (B, 1, vocab); capture: records attention for a viewer. Returns (B, T, vocab)."""
 
     config: ModelConfig
+    compiled: CompiledDecode | None  # decode steps through torch.compile (compiled.compile_decode)
 
     def __call__(self, ids: torch.Tensor, cache: Cache | None = None, positions: torch.Tensor | None = None,
                  *, capture: AttentionCapture | None = None, last_only: bool = False) -> torch.Tensor: ...

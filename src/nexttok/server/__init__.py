@@ -54,9 +54,9 @@ def serve_in_main_thread(app, served: list[ServedModel], *, host: str, port: int
             signal.signal(sig, handler)
 
 
-def load_served(source: str, name: str | None = None, *, dtype=None, device=None) -> ServedModel:
+def load_served(source: str, name: str | None = None, *, dtype=None, device=None, compile=False) -> ServedModel:
     """Load a checkpoint for serving; its name defaults to the source as given (a path's folder name)."""
-    checkpoint = load_checkpoint(source, dtype=dtype, device=device)
+    checkpoint = load_checkpoint(source, dtype=dtype, device=device, compile=compile)
     path = Path(source)
     default_name = path.name if path.exists() else str(source)
     return ServedModel(name or default_name, checkpoint.model, checkpoint.tokenizer, checkpoint.chat_template)

@@ -70,8 +70,10 @@ class Scheduler:
         self.max_queue, self.timeout = max_queue, timeout
         # batch_invariant: every decode step runs max_running rows (free slots as scratch), so a
         # request's tokens do not depend on what else is running; costs speed when few run. A
-        # model whose every matmul is row-independent (quantized kernels) needs no padding.
-        self.pad_to = max_running if batch_invariant and not rows_independent(model) else 1
+        # model whose every matmul is row-independent (quantized kernels) needs no padding. A compiled
+        # model always runs max_running rows: one graph, compiled once, never a new shape.
+        padded = batch_invariant and not rows_independent(model)
+        self.pad_to = max_running if padded or model.compiled is not None else 1
         self.metrics = metrics or Metrics()
         self.waiting: collections.deque[Job] = collections.deque()
         self.running: list[Job] = []  # running[i] holds cache slot i
