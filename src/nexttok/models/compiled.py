@@ -47,7 +47,9 @@ class CompiledDecode:
     def __init__(self, device: torch.device):
         _check_compiler(device)
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_home() / "inductor"))
-        self.fn = torch.compile(_layer, dynamic=False, fullgraph=True)
+        # cpp_wrapper: the graph's calls made from C++, not Python (18.8 -> 17.3 ms a step without,
+        # 18.1 -> 15.3 ms with, interleaved A/B on the default model)
+        self.fn = torch.compile(_layer, dynamic=False, fullgraph=True, options={"cpp_wrapper": True})
         self.compiled_rows: set[int] = set()
         self.compile_seconds = 0.0  # the first step of each batch size: tracing, compiling (or loading)
 
