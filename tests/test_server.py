@@ -130,6 +130,23 @@ def test_seed_reproducibility_and_n(client):
     assert several.choices[0].text == first
     assert len({c.text for c in several.choices}) > 1
     assert several.usage.completion_tokens == 30
+    assert several.usage.prompt_tokens == client.completions.create(**args, seed=1).usage.prompt_tokens  # once
+
+
+def test_usage_counts_each_prompt_once_whatever_n(client, served):
+    """OpenAI counts a prompt once however many choices it has (a user found 72 = 2 x 36)."""
+    prompts = ["Seeds", "A longer prompt than the first one"]
+    lengths = [len(served.tokenizer.encode(p)) for p in prompts]
+    both = client.completions.create(model=MODEL, prompt=prompts, n=2, max_tokens=3, temperature=1.0, seed=5)
+    assert [c.index for c in both.choices] == [0, 1, 2, 3]
+    assert both.usage.prompt_tokens == sum(lengths) and both.usage.completion_tokens == 12
+    messages = [{"role": "user", "content": "Hi there"}]
+    one = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=3)
+    two = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=3, n=2)
+    assert two.usage.prompt_tokens == one.usage.prompt_tokens
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=3, n=2, stream=True,
+                                                 stream_options={"include_usage": True}))
+    assert chunks[-1].usage.prompt_tokens == one.usage.prompt_tokens and chunks[-1].usage.completion_tokens == 6
 
 
 def test_stop_strings(client):

@@ -82,10 +82,12 @@ def install_generation_routes(app: FastAPI) -> None:
 
 async def _respond(served: ServedModel, body: SamplingFields, jobs: Sequence[tuple[list[int], int]],
                    plan: GenerationPlan, fmt: ResponseFormat):
-    """Submit every (prompt ids, choice index) job together, then answer as the body asks."""
+    """Submit every (prompt ids, choice index) job together, then answer as the body asks. Choice
+    index = prompt number × n + choice of that prompt."""
     if body.stream_options is not None and not body.stream:
         raise InvalidParameter("stream_options", "stream_options is only allowed when stream is true")
-    runs = [Run(ids, index, served.scheduler.submit(plan.generation(served, ids, index))) for ids, index in jobs]
+    runs = [Run(ids, index, served.scheduler.submit(plan.generation(served, ids, index)), index % body.n == 0)
+            for ids, index in jobs]
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return await respond(runs, fmt, stream=body.stream, include_usage=include_usage)
 

@@ -23,6 +23,11 @@ class Run:
     ids: list[int]
     index: int
     steps: AsyncGenerator[Step, None]
+    counts_prompt: bool = True  # the first choice of its prompt: usage counts a prompt once, as OpenAI does
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.ids) if self.counts_prompt else 0
 
 
 async def respond(runs: list[Run], fmt: ResponseFormat, *, stream: bool,
@@ -49,7 +54,7 @@ async def collect(runs: list[Run], first: Step, fmt: ResponseFormat) -> dict:
     choices = []
     for run, steps in zip(runs, collected, strict=True):
         choices.append(fmt.choice(run.index, steps))
-        usage.add(len(run.ids), len(steps))
+        usage.add(run.prompt_tokens, len(steps))
     return fmt.response(choices, usage)
 
 
@@ -72,7 +77,7 @@ async def events(runs: list[Run], first: Step, fmt: ResponseFormat, include_usag
                 chunk = fmt.step_chunk(run.index, step)
                 if chunk is not None:
                     yield event(chunk, include_usage)
-            usage.add(len(run.ids), count)
+            usage.add(run.prompt_tokens, count)
         if include_usage:
             yield event(fmt.usage_chunk(usage), False)
     except (ValueError, RequestTimeout, ShuttingDown, GenerationFailed) as e:  # say so, end cleanly
