@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -102,3 +103,41 @@ def test_from_directory(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text("{}")
     (tmp_path / "chat_template.jinja").write_text(LLAMA3)
     assert ChatTemplate.from_directory(tmp_path).source == LLAMA3
+
+
+CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+TOOL_TURN = [{"role": "user", "content": "Weather in Paris?"},
+             {"role": "assistant", "content": None, "tool_calls": [CALL]},
+             {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"}]
+CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_past_tool_calls_are_not_dropped_by_a_template_without_tools():
+    """A user found the call silently missing from the prompt: the template never reads tool_calls.
+    Now the call is written into the assistant's text (llama.cpp's generic format)."""
+    text = ChatTemplate(CHATML).render(TOOL_TURN)
+    expected = json.dumps({"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "call_1"}]})
+    assert f"<|im_start|>assistant\n{expected}<|im_end|>" in text
+    assert "<|im_start|>tool\n18 C, sunny<|im_end|>" in text
+
+
+def test_a_template_with_tools_gets_the_calls_as_they_are():
+    source = ("{% for m in messages %}{{ m.role }}:{{ m.content }}{% for c in m.tool_calls or [] %}"
+              "[call {{ c.function.name }} {{ c.function.arguments }}]{% endfor %}\n{% endfor %}")
+    text = ChatTemplate(source).render(TOOL_TURN)
+    assert 'assistant:[call get_weather {"city": "Paris"}]' in text and "tool_calls" not in text
+
+
+@pytest.mark.parametrize(("message", "error"), [
+    ({"role": "user", "content": "x", "tool_calls": [CALL]}, "messages[0].tool_calls is only allowed on assistant"),
+    ({"role": "assistant", "content": "", "tool_calls": {"a": 1}}, "messages[0].tool_calls must be a list"),
+    ({"role": "assistant", "content": "", "tool_calls": [{"type": "function"}]}, "messages[0].tool_calls[0] must be"),
+    ({"role": "assistant", "content": "", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": "{oops"}}]},
+     "messages[0].tool_calls[0].function.arguments must be a JSON object"),
+    ({"role": "assistant", "content": "", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": "[1]"}}]},
+     "messages[0].tool_calls[0].function.arguments must be a JSON object"),
+])
+def test_bad_tool_calls_say_what_is_wrong(message, error):
+    with pytest.raises(ChatTemplateError, match=re.escape(error)):
+        ChatTemplate(CHATML).render([message])

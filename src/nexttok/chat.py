@@ -57,6 +57,9 @@ class ChatTemplate:
                 f"chat template does not compile: {e.message} (line {e.lineno})"
             ) from None
         self.source, self.bos_token, self.eos_token = source, bos_token, eos_token
+        # A template that never mentions tool_calls would drop an assistant's past calls silently;
+        # for those the calls are written into the message's text instead (see _tool_calls_text).
+        self.renders_tool_calls = "tool_calls" in source
 
     @classmethod
     def from_directory(cls, directory: str | Path) -> ChatTemplate | None:
@@ -88,7 +91,7 @@ class ChatTemplate:
 
     def render(self, messages: list[dict], *, add_generation_prompt: bool = True, **extra) -> str:
         """Prompt text for messages [{"role": ..., "content": ...}, ...]."""
-        checked = [_check_message(i, m) for i, m in enumerate(messages)]
+        checked = [_check_message(i, m, self.renders_tool_calls) for i, m in enumerate(messages)]
         if not checked:
             raise ChatTemplateError("messages must not be empty")
         try:
@@ -98,8 +101,9 @@ class ChatTemplate:
             raise ChatTemplateError(f"the model's chat template refused these messages: {e}") from None
 
 
-def _check_message(index: int, message) -> dict:
-    """A message with its content as plain text (text parts joined), or a clear error."""
+def _check_message(index: int, message, renders_tool_calls: bool = True) -> dict:
+    """A message with its content as plain text (text parts joined), or a clear error. An
+    assistant's tool_calls are checked, and appended to its text when the template cannot show them."""
     where = f"messages[{index}]"
     if not isinstance(message, dict):
         raise ChatTemplateError(f"{where} must be an object with role and content")
@@ -119,4 +123,35 @@ def _check_message(index: int, message) -> dict:
         content = ""
     if not isinstance(content, str):
         raise ChatTemplateError(f"{where}.content must be a string or a list of text parts")
+    calls = message.get("tool_calls")
+    if calls is not None:
+        if role != "assistant":
+            raise ChatTemplateError(f"{where}.tool_calls is only allowed on assistant messages")
+        text = _tool_calls_text(where, calls)
+        if calls and not renders_tool_calls:
+            content = f"{content}\n{text}" if content else text
     return {**message, "content": content}
+
+
+def _tool_calls_text(where: str, calls) -> str:
+    """Check OpenAI-shaped calls [{id, type: function, function: {name, arguments: JSON string}}]
+    and write them as llama.cpp's generic format does for templates without tool support:
+    {"tool_calls": [{"name": ..., "arguments": {...}, "id": ...}]}."""
+    if not isinstance(calls, list):
+        raise ChatTemplateError(f"{where}.tool_calls must be a list")
+    written = []
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise ChatTemplateError(f"{where}.tool_calls[{j}] must be "
+                                    "{type: function, function: {name, arguments}}")
+        try:
+            arguments = json.loads(function.get("arguments", "{}"))
+        except (TypeError, ValueError):
+            arguments = None
+        if not isinstance(arguments, dict):
+            raise ChatTemplateError(f"{where}.tool_calls[{j}].function.arguments must be a JSON object "
+                                    "written as a string")
+        written.append({"name": function["name"], "arguments": arguments,
+                        **({"id": call["id"]} if isinstance(call.get("id"), str) else {})})
+    return json.dumps({"tool_calls": written}, ensure_ascii=False)
