@@ -149,6 +149,24 @@ def test_usage_counts_each_prompt_once_whatever_n(client, served):
     assert chunks[-1].usage.prompt_tokens == one.usage.prompt_tokens and chunks[-1].usage.completion_tokens == 6
 
 
+def test_a_past_tool_call_reaches_the_prompt(client):
+    """The official client sends an assistant's tool_calls and the tool's answer; the test model's
+    ChatML template knows nothing of tools, and the call must still be in the prompt."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    asked = [{"role": "user", "content": "Weather in Paris?"}]
+    answered = {"role": "tool", "tool_call_id": "call_1", "content": "18 C"}
+    without = client.chat.completions.create(model=MODEL, max_tokens=1, messages=[
+        *asked, {"role": "assistant", "content": ""}, answered])
+    with_call = client.chat.completions.create(model=MODEL, max_tokens=1, messages=[
+        *asked, {"role": "assistant", "content": None, "tool_calls": [call]}, answered])
+    assert with_call.usage.prompt_tokens > without.usage.prompt_tokens + 10
+    bad = {**call, "function": {"name": "get_weather", "arguments": "{city"}}
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(model=MODEL, max_tokens=1, messages=[
+            *asked, {"role": "assistant", "content": None, "tool_calls": [bad]}, answered])
+    assert error.value.body["param"] == "messages" and "arguments must be a JSON object" in error.value.body["message"]
+
+
 def test_stop_strings(client):
     args = dict(model=MODEL, prompt="Stop here", max_tokens=20, temperature=0)
     full = client.completions.create(**args).choices[0].text
@@ -262,20 +280,3 @@ def test_api_key(served):
         assert httpx.get(live.url + "/v1/models").status_code == 401
         assert httpx.get(live.url + "/health").status_code == 200
 
-
-def test_a_past_tool_call_reaches_the_prompt(client):
-    """The official client sends an assistant's tool_calls and the tool's answer; the test model's
-    ChatML template knows nothing of tools, and the call must still be in the prompt."""
-    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
-    asked = [{"role": "user", "content": "Weather in Paris?"}]
-    answered = {"role": "tool", "tool_call_id": "call_1", "content": "18 C"}
-    without = client.chat.completions.create(model=MODEL, max_tokens=1, messages=[
-        *asked, {"role": "assistant", "content": ""}, answered])
-    with_call = client.chat.completions.create(model=MODEL, max_tokens=1, messages=[
-        *asked, {"role": "assistant", "content": None, "tool_calls": [call]}, answered])
-    assert with_call.usage.prompt_tokens > without.usage.prompt_tokens + 10
-    bad = {**call, "function": {"name": "get_weather", "arguments": "{city"}}
-    with pytest.raises(openai.BadRequestError) as error:
-        client.chat.completions.create(model=MODEL, max_tokens=1, messages=[
-            *asked, {"role": "assistant", "content": None, "tool_calls": [bad]}, answered])
-    assert error.value.body["param"] == "messages" and "arguments must be a JSON object" in error.value.body["message"]
