@@ -94,7 +94,36 @@ def test_explain_shows_tables(capsys, tiny_dir):
     (["--temperature", "-1"], "temperature must be a number >= 0"),
     (["--top-p", "0"], "top_p must be in"),
     (["--max-tokens", "0"], "max_tokens must be an integer >= 1"),
+    (["--temperature", "inf"], "temperature must be a number >= 0, got inf"),
+    (["--top-p", "nan"], "top_p must be in"),
+    (["--min-p=-inf"], "min_p must be in"),
 ])
 def test_run_bad_values(capsys, tiny_dir, args, message):
     assert main(["run", str(tiny_dir), "x", *args]) == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("command", ["run", "explain"])
+def test_sampling_values_are_checked_before_the_model_loads(capsys, monkeypatch, command):
+    """A user waited 7 s of loading to learn that --temperature was wrong."""
+    import nexttok.cli
+
+    monkeypatch.setattr(nexttok.cli, "_load", lambda *a: pytest.fail("the model was loaded first"))
+    assert main([command, "default", "x", "--temperature", "inf"]) == 2
+    assert "temperature must be" in capsys.readouterr().err
+
+
+def test_hostile_inputs_get_one_line_errors(capsys, tiny_dir, tmp_path):
+    cases = [(["run", str(tmp_path / "missing.gguf"), "x"], f"no such GGUF file: {tmp_path / 'missing.gguf'}"),
+             (["run", str(tiny_dir), "x", "--device", "cuda"], "device 'cuda' is not available")]
+    import torch
+
+    for argv, message in cases[: 2 if not torch.cuda.is_available() else 1]:
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+    result = subprocess.run([sys.executable, "-m", "nexttok", "run", str(tiny_dir), "-"], input=b"ok \xff\xfe",
+                            capture_output=True)
+    assert result.returncode == 2
+    assert result.stderr.decode().strip() == "error: standard input is not valid UTF-8 (byte 3: b'\\xff')"

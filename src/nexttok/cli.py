@@ -29,7 +29,14 @@ def _visible(text: str) -> str:
 
 
 def _read_text(arg: str) -> str:
-    return sys.stdin.read() if arg == "-" else arg
+    """The argument, or standard input for "-" (which must be UTF-8)."""
+    if arg != "-":
+        return arg
+    data = sys.stdin.buffer.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"standard input is not valid UTF-8 (byte {e.start}: {data[e.start:e.start + 1]!r})") from None
 
 
 def cmd_tokenize(args: argparse.Namespace, out: Console) -> int:
@@ -103,9 +110,10 @@ def cmd_run(args: argparse.Namespace, out: Console) -> int:
     from nexttok.generate import stream
 
     name, prompt = _model_and_prompt(args)
+    params = _sampling_params(args)  # checked before the model loads
     model, tokenizer = _load(name, args)
     err = Console(stderr=True)
-    steps = stream(model, tokenizer, prompt, _sampling_params(args),
+    steps = stream(model, tokenizer, prompt, params,
                    max_tokens=args.max_tokens, stop=args.stop, use_cache=not args.no_cache)
     prefill = decode = 0.0
     count, finish = 0, None
@@ -133,11 +141,11 @@ def cmd_explain(args: argparse.Namespace, out: Console) -> int:
     if args.steps < 1 or args.top < 1:
         raise ValueError(f"--steps and --top must be >= 1, got {args.steps} and {args.top}")
     name, prompt = _model_and_prompt(args)
+    params = _sampling_params(args)  # checked before the model loads
     model, tokenizer = _load(name, args)
     ids = prompt_ids_for(model, tokenizer, prompt)
     chips = " ".join(f"[reverse]{_escape(_visible(p.text))}[/][dim]{p.id}[/]" for p in tokenizer.pieces(ids))
     out.print(f"[bold]prompt[/] → {len(ids)} tokens: {chips}")
-    params = _sampling_params(args)
     steps = stream(model, tokenizer, ids, params, max_tokens=args.steps, stop=args.stop,
                    top_n=args.top, record_stages=True)
     text = ""
@@ -382,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args, out)
     except (OSError, ValueError, TypeError) as e:
-        Console(stderr=True).print(f"[red]error:[/] {_escape(str(e))}")
+        Console(stderr=True, soft_wrap=True).print(f"[red]error:[/] {_escape(str(e))}")  # one line, unwrapped
         return 2
     except KeyboardInterrupt:
         return 130

@@ -42,8 +42,8 @@ class Bound:
         if self.integer:
             if type(value) is not int:
                 return False
-        elif not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value):
-            return False
+        elif not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            return False  # NaN and ±inf too: an infinite temperature turns every logit into NaN
         above = value > self.low if self.low_open else value >= self.low
         return above and (value < self.high if self.high_open else value <= self.high)
 

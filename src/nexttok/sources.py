@@ -56,7 +56,7 @@ def local_checkpoint(source: str | Path, *, missing: str = "file or directory") 
     if name in BUNDLED_MODELS or name == "default":
         return bundled_model_file(DEFAULT_MODEL if name == "default" else name)
     if looks_like_path(name):
-        raise FileNotFoundError(f"no such {missing}: {name}")
+        raise FileNotFoundError(f"no such {'GGUF file' if path.suffix == '.gguf' else missing}: {name}")
     return None
 
 

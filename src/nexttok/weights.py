@@ -175,9 +175,13 @@ def pick_device(device: str | None) -> torch.device:
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        return torch.device(device)
+        chosen = torch.device(device)
     except RuntimeError as e:
         raise ValueError(f"device {device!r} is not valid: {e}") from None
+    if chosen.type == "cuda" and not torch.cuda.is_available():
+        why = "this PyTorch build has no CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
+        raise ValueError(f"device {device!r} is not available: {why} (use --device cpu)")
+    return chosen
 
 
 def pick_dtype(dtype: str | torch.dtype | None, device: torch.device, config: ModelConfig) -> torch.dtype:
