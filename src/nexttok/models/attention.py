@@ -63,8 +63,9 @@ STEP = threading.local()  # cache, mask: the current layer's, while a compiled s
 def _cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Store k, v in STEP.cache and attend over everything cached, under STEP.mask. Opaque to the
     compiler: its output has q's shape whatever the cache holds, so the compiled graph keeps
-    static shapes; the cache is written here, outside the graph, and nothing in it reads it."""
-    return attend_cached(q, k, v, STEP.layer, STEP.mask, STEP.cache)
+    static shapes; the cache is written here, outside the graph, and nothing in it reads it.
+    Contiguous, as the fake below tells the compiler (the eager path needs no copy)."""
+    return attend_cached(q, k, v, STEP.layer, STEP.mask, STEP.cache).contiguous()
 
 
 @_cached_attention.register_fake
@@ -81,7 +82,7 @@ def attend_cached(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
         return torch.ops.nexttok.cached_attention(q, k, v)
     if cache is not None:
         k, v = cache.update_and_fetch(layer, k, v)  # (B, n_kv, S, hd)
-    return attend(q.to(k.dtype), k, v, mask, capture).to(q.dtype, memory_format=torch.contiguous_format)
+    return attend(q.to(k.dtype), k, v, mask, capture).to(q.dtype)
 
 
 def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None = None) -> torch.Tensor:
