@@ -1,6 +1,6 @@
 """The OpenAI-compatible HTTP server (FastAPI), wired from the modules beside this one.
 
-Routes: POST /v1/completions, POST /v1/chat/completions (completions.py), GET /v1/models,
+Routes: POST /v1/completions, POST /v1/chat/completions (completions.py), GET /v1/models (and /{model}),
 POST /tokenize, POST /detokenize, GET /health, GET /metrics (routes.py), the explainer page and its
 API (explainer.py). Errors use OpenAI's shape {"error": {"message", "type", "param", "code"}}
 (errors.py); client mistakes are 4xx, never 500.

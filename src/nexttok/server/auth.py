@@ -16,17 +16,33 @@ def needs_key(path: str) -> bool:
     return path not in OPEN_PATHS and not path.startswith("/static/")
 
 
+def bearer_token(authorization: str) -> str | None:
+    """The token of a Bearer credential, the scheme matched in any case (RFC 7235 §2.1):
+    bearer_token("bearer sk-1") -> "sk-1"; bearer_token("Basic dXNlcg==") -> None."""
+    scheme, _, token = authorization.strip().partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
+
+
 def install_api_key(app: FastAPI, api_key: str | None) -> None:
-    """Refuse requests without the key (401); no key: everything is open."""
+    """Refuse requests without the key (401, with the WWW-Authenticate challenge RFC 7235 requires);
+    no key: everything is open."""
     if not api_key:
         return
-    expected = f"Bearer {api_key}".encode()
+    expected = api_key.encode()
 
     @app.middleware("http")
     async def check_key(request: Request, call_next):
-        if needs_key(request.url.path):
-            given = request.headers.get("authorization", "").encode()
-            if not hmac.compare_digest(given, expected):  # constant time
-                return error_response(401, "Incorrect or missing API key (send Authorization: Bearer KEY)",
+        if not needs_key(request.url.path):
+            return await call_next(request)
+        token = bearer_token(request.headers.get("authorization", ""))
+        if token is not None and hmac.compare_digest(token.encode(), expected):  # constant time
+            return await call_next(request)
+        if token is None:
+            response = error_response(401, "Missing API key: send the header Authorization: Bearer KEY",
                                       code="invalid_api_key")
-        return await call_next(request)
+            response.headers["WWW-Authenticate"] = "Bearer"
+        else:
+            response = error_response(401, "Incorrect API key provided", code="invalid_api_key")
+            response.headers["WWW-Authenticate"] = 'Bearer error="invalid_token"'  # RFC 6750 §3
+        return response

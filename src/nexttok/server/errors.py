@@ -50,7 +50,7 @@ def _install_request_errors(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation(request: Request, e: RequestValidationError):
-        message, param = describe_validation(e.errors())
+        message, param = describe_validation(e.errors(), request.headers.get("content-type"))
         return error_response(400, message, param)
 
     @app.exception_handler(StarletteHTTPException)
@@ -81,7 +81,7 @@ def _install_scheduler_errors(app: FastAPI) -> None:
         return error_response(503, str(e), code="shutting_down", kind="server_error")
 
 
-def describe_validation(errors: list[dict]) -> tuple[str, str | None]:
+def describe_validation(errors: list[dict], content_type: str | None = None) -> tuple[str, str | None]:
     """One clear message from pydantic's list, naming the (top-level) parameter:
     [{"type": "missing", "loc": ("body", "prompt")}] -> ("Missing required parameter: prompt", "prompt")."""
     first = errors[0]
@@ -90,13 +90,25 @@ def describe_validation(errors: list[dict]) -> tuple[str, str | None]:
     kind = first.get("type")
     if kind == "json_invalid":
         return f"request body is not valid JSON: {first.get('ctx', {}).get('error', '')}", None
+    if not loc and tuple(first.get("loc", ()))[:1] == ("body",):
+        return describe_body_error(first, content_type), None
     if kind == "extra_forbidden":
         return f"Unrecognized request argument supplied: {'.'.join(loc)}", param
     if kind == "missing":
         return f"Missing required parameter: {'.'.join(loc)}", param
-    if kind in ("model_attributes_type", "model_type") and not loc:
-        return "request body must be a JSON object", None
     # a union (e.g. stop: string or list) fails once per alternative: say them all
     same = [e.get("msg", "") for e in errors if [str(p) for p in e.get("loc", ()) if p != "body"][:1] == loc[:1]]
     reasons = "; or ".join(dict.fromkeys(same))
     return f"Invalid value for {param}: {reasons}", param
+
+
+def describe_body_error(error: dict, content_type: str | None) -> str:
+    """What is wrong with a body that failed as a whole. FastAPI parses JSON only under a JSON
+    content type and hands anything else over as bytes, so bytes mean the header, not the JSON:
+    describe_body_error({"type": "model_attributes_type", "input": b"{}"}, "text/plain")
+    -> "Content-Type must be application/json, got text/plain"."""
+    if error.get("type") == "missing":
+        return "request body is empty: send a JSON object with Content-Type: application/json"
+    if isinstance(error.get("input"), bytes):
+        return f"Content-Type must be application/json, got {content_type or 'none'}"
+    return "request body must be a JSON object"

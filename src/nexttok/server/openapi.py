@@ -10,7 +10,8 @@ from nexttok.server.auth import needs_key
 from nexttok.server.schemas import ErrorResponse
 
 ERROR_RESPONSES = {
-    "400": "a parameter is invalid (the error names it as `param`) or the body is not valid JSON",
+    "400": "a parameter is invalid (the error names it as `param`), or the body is empty, not valid JSON or "
+           "not sent as Content-Type: application/json",
     "401": "the API key is missing or wrong",
     "404": "unknown model or explainer session",
     "413": "the request body is larger than the server accepts",

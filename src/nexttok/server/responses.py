@@ -62,8 +62,9 @@ class ResponseFormat:
         """Chunks that open choice `index` of a stream."""
         raise NotImplementedError
 
-    def step_chunk(self, index: int, step: Step) -> dict | None:
-        """The chunk of one step of choice `index` (None: nothing to send)."""
+    def step_chunk(self, index: int, step: Step, offset: int) -> dict | None:
+        """The chunk of one step of choice `index`, whose text so far is `offset` characters long
+        (None: nothing to send)."""
         raise NotImplementedError
 
 
@@ -74,6 +75,8 @@ class CompletionFormat(ResponseFormat):
     prefix = "cmpl"
 
     def _logprobs(self, steps, offset: int = 0) -> dict | None:
+        """text_offset: where each token's text starts in the choice's whole text (a stream's
+        chunk starts at `offset`, the length of the text sent before it)."""
         if not self.logprobs:
             return None
         offsets, position = [], offset
@@ -91,10 +94,10 @@ class CompletionFormat(ResponseFormat):
     def start_chunks(self, index: int) -> list[dict]:
         return []
 
-    def step_chunk(self, index: int, step) -> dict | None:
+    def step_chunk(self, index: int, step, offset: int) -> dict | None:
         if not step.text and not step.finish_reason and not self.logprobs:
             return None
-        choice = {"index": index, "text": step.text, "logprobs": self._logprobs([step]),
+        choice = {"index": index, "text": step.text, "logprobs": self._logprobs([step], offset),
                   "finish_reason": step.finish_reason}
         return {**self._envelope(self.chunk_object), "choices": [choice]}
 
@@ -129,7 +132,7 @@ class ChatFormat(ResponseFormat):
                   "finish_reason": None}
         return [{**self._envelope(self.chunk_object), "choices": [choice]}]
 
-    def step_chunk(self, index: int, step) -> dict | None:
+    def step_chunk(self, index: int, step, offset: int) -> dict | None:
         if not step.text and not step.finish_reason and not self.logprobs:
             return None
         delta = {"content": step.text} if step.text or not step.finish_reason else {}

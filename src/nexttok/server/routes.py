@@ -1,5 +1,5 @@
-"""The routes around generation: GET /health, GET /metrics, GET /v1/models, POST /tokenize and
-POST /detokenize."""
+"""The routes around generation: GET /health, GET /metrics, GET /v1/models, GET /v1/models/{model},
+POST /tokenize and POST /detokenize."""
 
 from __future__ import annotations
 
@@ -30,6 +30,12 @@ def _install_status_routes(app: FastAPI) -> None:
     @app.get("/v1/models")
     async def list_models():
         return {"object": "list", "data": [model_card(m) for m in app.state.models.values()]}
+
+    # :path, because served names may be hub ids ("org/name"): the client sends the slash as %2F,
+    # which reaches the router decoded
+    @app.get("/v1/models/{model:path}")
+    async def retrieve_model(model: str):
+        return model_card(find_served(app.state.models, model))
 
 
 def _install_token_routes(app: FastAPI) -> None:

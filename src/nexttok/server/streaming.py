@@ -71,10 +71,11 @@ async def events(runs: list[Run], first: Step, fmt: ResponseFormat, include_usag
         for n, run in enumerate(runs):
             for chunk in fmt.start_chunks(run.index):
                 yield event(chunk, include_usage)
-            count = 0
+            count = sent = 0  # steps, and characters of text sent so far
             async for step in _chain([first] if n == 0 else [], run.steps):
                 count += 1
-                chunk = fmt.step_chunk(run.index, step)
+                chunk = fmt.step_chunk(run.index, step, sent)
+                sent += len(step.text)
                 if chunk is not None:
                     yield event(chunk, include_usage)
             usage.add(run.prompt_tokens, count)
