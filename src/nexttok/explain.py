@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from nexttok import lesson
 from nexttok.cache import KVCache
 from nexttok.errors import InvalidParameter
 from nexttok.generate import Step, build_step, context_window, prompt_ids_for
@@ -32,6 +33,7 @@ from nexttok.tokenizer import Tokenizer
 
 MAX_NODES = 2000
 KEPT_DISTRIBUTIONS = 64  # nodes whose logits stay in memory for re-drawing (older ones recompute)
+KEPT_INSPECTIONS = 4  # nodes whose full capture (lens, attention matrices) stays in memory
 
 
 @dataclass
@@ -53,6 +55,7 @@ class Forward:
     tokens: int  # positions computed by this forward pass
     seconds: float
     prefill: bool
+    cached: bool = True  # the KV cache was used (False: the whole sequence went through the model again)
 
 
 @dataclass
@@ -85,6 +88,8 @@ class ExplainSession:
         # stream (they never draw from it themselves: each is handed its node's u).
         self.uniforms = Uniforms(seed)
         self._forwards: OrderedDict[int, Forward] = OrderedDict()  # node -> its distribution
+        self._inspections: OrderedDict[int, lesson.Inspection] = OrderedDict()
+        self.stop_ids = list(config.eos_token_id)
 
     # -- the tree ----------------------------------------------------------------------------
 
@@ -121,12 +126,20 @@ class ExplainSession:
 
     # -- model -------------------------------------------------------------------------------
 
-    def forward(self, node_id: int) -> Forward:
-        """The next-token distribution at node_id, computing only what the cache lacks."""
+    def forward(self, node_id: int, use_cache: bool = True) -> Forward:
+        """The next-token distribution at node_id, computing only what the cache lacks (use_cache:
+        False runs the whole sequence through the model again, as a loop without a cache would)."""
         if node_id in self._forwards:
             self._forwards.move_to_end(node_id)
             return self._forwards[node_id]
         tokens = self.prompt_ids + self.path(node_id)
+        result = self._forward(tokens) if use_cache else self._uncached(tokens)
+        self._forwards[node_id] = result
+        if len(self._forwards) > KEPT_DISTRIBUTIONS:
+            self._forwards.popitem(last=False)
+        return result
+
+    def _forward(self, tokens: list[int]) -> Forward:
         shared = 0
         while shared < min(len(tokens), len(self.cached)) and tokens[shared] == self.cached[shared]:
             shared += 1
@@ -139,11 +152,26 @@ class ExplainSession:
             logits = self.model(pending, self.cache, capture=capture, last_only=True)[0, -1].float()
         seconds = time.perf_counter() - start
         self.cached = tokens
-        result = Forward(logits, [a[0] for a in capture.last_query], len(tokens) - shared, seconds, shared == 0)
-        self._forwards[node_id] = result
-        if len(self._forwards) > KEPT_DISTRIBUTIONS:
-            self._forwards.popitem(last=False)
-        return result
+        return Forward(logits, [a[0] for a in capture.last_query], len(tokens) - shared, seconds, shared == 0)
+
+    def _uncached(self, tokens: list[int]) -> Forward:
+        ids = torch.tensor([tokens], device=self.cache.k.device)
+        capture = AttentionCapture()
+        start = time.perf_counter()
+        with torch.inference_mode():
+            logits = self.model(ids, None, capture=capture, last_only=True)[0, -1].float()
+        seconds = time.perf_counter() - start
+        return Forward(logits, [a[0] for a in capture.last_query], len(tokens), seconds, False, cached=False)
+
+    def inspect(self, node_id: int) -> lesson.Inspection:
+        """The full capture of the path to node_id (lens, attention matrices, q/k/v): one extra
+        forward pass, made only when a viewer asks, kept for the last few nodes."""
+        if node_id not in self._inspections:
+            self._inspections[node_id] = lesson.inspect(self.model, self.prompt_ids + self.path(node_id))
+            if len(self._inspections) > KEPT_INSPECTIONS:
+                self._inspections.popitem(last=False)
+        self._inspections.move_to_end(node_id)
+        return self._inspections[node_id]
 
     # -- sampling ----------------------------------------------------------------------------
 
@@ -162,20 +190,38 @@ class ExplainSession:
         return Sampled(token, final, u, stages, time.perf_counter() - start)
 
     def step(self, params: SamplingParams, node_id: int | None = None, token_id: int | None = None,
-             top_n: int = 10) -> dict:
+             top_n: int = 10, use_cache: bool = True) -> dict:
         """One token from node_id (default: the current node): sampled with params, or token_id
         when given (continue with an alternative). The new node becomes current."""
         node = self.node(self.current if node_id is None else node_id)
-        forward = self.forward(node.id)
+        forward = self.forward(node.id, use_cache)
         sampled = self._sample(params, node, forward)
         child = self.child(node.id, sampled.token_id if token_id is None else token_id)
         self.current = child.id
         return {
             "node": node.id, "child": child.id, "step": self._step(node, child.token_id, forward, sampled, top_n),
-            "rows": self._rows(forward, sampled, top_n),
+            "rows": self._rows(forward, sampled, top_n), "rest": self._rest(forward, sampled, top_n),
             "attention": [[[round(float(w), 4) for w in head] for head in layer] for layer in forward.attention],
-            "timing": {"tokens": forward.tokens, "seconds": forward.seconds, "prefill": forward.prefill},
+            "timing": {"tokens": forward.tokens, "seconds": forward.seconds, "prefill": forward.prefill,
+                       "cached": forward.cached},
+            "stop": {"ids": self.stop_ids, "p": lesson.stop_probability(self.model, forward.logits, self.stop_ids),
+                     "reason": self.finish_reason(child)},
+            "cache": self.cache_facts(), "context": {"used": len(self.prompt_ids) + child.depth,
+                                                     "limit": self.cache.max_len},
         }
+
+    def finish_reason(self, node: Node) -> str | None:
+        """Why a generation that reached node would end there: "stop" (a stop token), "length" (the
+        context window is full), or None (it goes on)."""
+        if node.token_id in self.stop_ids:
+            return "stop"
+        return "length" if len(self.prompt_ids) + node.depth >= self.cache.max_len - 1 else None
+
+    def cache_facts(self) -> dict:
+        """The KV cache now: tokens held, bytes they take, capacity in tokens, storage dtype."""
+        per_token = lesson.kv_cache_bytes_per_token(self.model, self.cache.k.dtype)
+        return {"tokens": len(self.cached), "bytes": len(self.cached) * per_token, "bytes_per_token": per_token,
+                "capacity": self.cache.max_len, "dtype": str(self.cache.k.dtype).removeprefix("torch.")}
 
     def redraw(self, params: SamplingParams, node_id: int, top_n: int = 10) -> dict:
         """Other dials on node_id's cached logits (no new node, usually no model call): the Step a
@@ -185,7 +231,7 @@ class ExplainSession:
         forward = self.forward(node.id)
         sampled = self._sample(params, node, forward)
         return {"node": node.id, "step": self._step(node, sampled.token_id, forward, sampled, top_n),
-                "rows": self._rows(forward, sampled, top_n)}
+                "rows": self._rows(forward, sampled, top_n), "rest": self._rest(forward, sampled, top_n)}
 
     def _step(self, node: Node, token_id: int, forward: Forward, sampled: Sampled, top_n: int) -> Step:
         return build_step(self.tokenizer, token_id, forward.logits, sampled.final, sampled.draw, index=node.depth,
@@ -193,10 +239,20 @@ class ExplainSession:
                           stages=sampled.stages, top_n=top_n)
 
     def _rows(self, forward: Forward, sampled: Sampled, n: int) -> list[dict]:
-        """The model's n most likely tokens: probability before (p) and after (q) the chain."""
+        """The model's n most likely tokens: raw logit, probability before (p) and after (q) the chain."""
         p, q = forward.logits.softmax(-1), sampled.final.softmax(-1)
         top = torch.topk(p, min(n, p.shape[-1]))
-        return [{"id": i, "text": self._text(i), "p": float(p[i]), "q": float(q[i])} for i in top.indices.tolist()]
+        return [{"id": i, "text": self._text(i), "logit": float(forward.logits[i]), "p": float(p[i]), "q": float(q[i])}
+                for i in top.indices.tolist()]
+
+    @staticmethod
+    def _rest(forward: Forward, sampled: Sampled, n: int) -> dict:
+        """Everything else: the tokens outside the top n and the probability they share, before
+        (p) and after (q) the chain; kept: how many tokens the chain left a chance."""
+        p, q = forward.logits.softmax(-1), sampled.final.softmax(-1)
+        top = torch.topk(p, min(n, p.shape[-1])).indices
+        return {"tokens": p.shape[-1] - len(top), "p": max(0.0, 1 - float(p[top].sum())),
+                "q": max(0.0, 1 - float(q[top].sum())), "kept": int((q > 0).sum())}
 
     def _text(self, token_id: int) -> str:
         return self.tokenizer.pieces([token_id])[0].text

@@ -32,18 +32,41 @@ class Ragged:
 
 @dataclass
 class AttentionCapture:
-    """What a forward pass records for a viewer when one is passed in (capture=...): per layer,
-    the attention weights of the last query over every key (B, n_head, S). Computed apart from the
-    fast kernels, so a pass without a capture pays nothing."""
+    """What a forward pass records for a viewer when one is passed in (capture=...). Computed apart
+    from the fast kernels, so a pass without a capture pays nothing.
 
+    Always, per layer: the attention weights of the last query over every key (B, n_head, S).
+    With full=True also, per layer: every query's weights (B, n_head, T, S), the queries, keys and
+    values the weights came from (q (B, n_head, T, hd); k, v (B, n_head, S, hd), shared heads
+    repeated), and the residual stream (B, T, hidden) after the embeddings and after each layer."""
+
+    full: bool = False
     last_query: list[torch.Tensor] = field(default_factory=list)
+    weights: list[torch.Tensor] = field(default_factory=list)
+    qkv: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    hidden: list[torch.Tensor] = field(default_factory=list)
 
-    def attention(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | str) -> None:
-        """Record softmax(q·k/√d) of the last query. q (B, n_head, T, hd), k (B, n_head, S, hd)."""
-        scores = (q[:, :, -1:] @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5  # (B, n_head, 1, S)
-        if not isinstance(mask, str):  # with ALL and CAUSAL the last query sees every key
-            scores = scores.masked_fill(~mask[:, :, -1:], float("-inf"))
-        self.last_query.append(torch.softmax(scores.float(), dim=-1)[:, :, 0])  # (B, n_head, S)
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | str) -> None:
+        """Record softmax(q·k/√d). q (B, n_head, T, hd), k and v (B, n_head, S, hd)."""
+        if not self.full:
+            q = q[:, :, -1:]
+        scores = (q.float() @ k.float().transpose(-1, -2)) / q.shape[-1] ** 0.5  # (B, n_head, T', S)
+        if isinstance(mask, str):  # ALL or CAUSAL: the T queries are the last T positions
+            t, s = scores.shape[-2:]
+            allowed = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(s - t)  # (T', S)
+            scores = scores.masked_fill(~allowed, float("-inf"))
+        else:
+            scores = scores.masked_fill(~mask[:, :, -scores.shape[-2]:], float("-inf"))
+        weights = torch.softmax(scores, dim=-1)
+        self.last_query.append(weights[:, :, -1])  # (B, n_head, S)
+        if self.full:
+            self.weights.append(weights)
+            self.qkv.append((q.float(), k.float(), v.float()))
+
+    def residual(self, x: torch.Tensor) -> None:
+        """Record the residual stream (B, T, hidden) between layers (full captures only), in its dtype."""
+        if self.full:
+            self.hidden.append(x)
 
 
 class _Traced:
@@ -123,7 +146,8 @@ def attend(
     else:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=n_rep > 1)
     if capture is not None:
-        capture.attention(q, k.repeat_interleave(n_rep, dim=1) if n_rep > 1 else k, mask)  # (B, n_head, S, hd)
+        k, v = (k.repeat_interleave(n_rep, dim=1), v.repeat_interleave(n_rep, dim=1)) if n_rep > 1 else (k, v)
+        capture.attention(q, k, v, mask)  # k, v (B, n_head, S, hd)
     return out
 
 

@@ -72,6 +72,7 @@ class Block(nn.Module):
 
 class GPT2(nn.Module):
     # checkpoint tensor name = CHECKPOINT_PREFIX + our name (old checkpoints omit the prefix)
+    POSITIONS = "learned"  # a learned vector per position (wpe), added to the token embedding
     CHECKPOINT_PREFIX = "transformer."
     UNPREFIXED = ("lm_head.",)
     TRANSPOSED = (".c_attn.weight", ".c_proj.weight", ".c_fc.weight")  # HF Conv1D is (in, out)
@@ -102,12 +103,28 @@ class GPT2(nn.Module):
         q_pos = positions_for(ids, cache, positions, self.config.max_position_embeddings)
         k_pos, contiguous = keys_for(q_pos, cache, explicit=positions is not None)  # (B, S)
         masks = masks_for(q_pos, k_pos, {None}, contiguous, cache)
-        x = self.wte(ids) + self.wpe(q_pos.clamp(min=0))  # (B, T, hidden)
+        x = self.embed(ids) + self.wpe(q_pos.clamp(min=0))  # (B, T, hidden)
         if self.compiled is not None and self.compiled.takes(ids, cache, capture):
             x = self.compiled.run(self.h, x, (), [masks[None]] * len(self.h), cache)
         else:
-            for block in self.h:
-                x = block(x, masks, cache, capture)
+            x = self._blocks(x, masks, cache, capture)
         if last_only:
             x = x[:, -1:]
+        return self.head(x)
+
+    def _blocks(self, x, masks, cache, capture):
+        if capture is not None:
+            capture.residual(x)
+        for block in self.h:
+            x = block(x, masks, cache, capture)
+            if capture is not None:
+                capture.residual(x)
+        return x
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings (B, T, hidden), before the position embedding is added."""
+        return self.wte(ids)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits from a residual stream (..., hidden): the final LayerNorm, then lm_head."""
         return self.lm_head(self.ln_f(x))

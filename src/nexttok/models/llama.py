@@ -117,6 +117,7 @@ class DecoderLayer(nn.Module):
 
 class Llama(nn.Module):
     # checkpoint tensor name = CHECKPOINT_PREFIX + our name, except names starting with UNPREFIXED
+    POSITIONS = "rope"  # rotary: q and k rotated by position (RoPE)
     CHECKPOINT_PREFIX = "model."
     UNPREFIXED = ("lm_head.",)
     TRANSPOSED: tuple[str, ...] = ()
@@ -157,15 +158,32 @@ class Llama(nn.Module):
         k_pos, contiguous = keys_for(q_pos, cache, explicit=positions is not None)  # (B, S)
         masks = masks_for(q_pos, k_pos, self._windows, contiguous, cache)
         rows = q_pos.clamp(min=0)
-        x = self.embed_tokens(ids)  # (B, T, hidden)
+        x = self.embed(ids)  # (B, T, hidden)
         cos = self.rope_cos[rows].to(x.dtype)[:, :, None]  # (B, T, 1, hd/2)
         sin = self.rope_sin[rows].to(x.dtype)[:, :, None]
         if self.compiled is not None and self.compiled.takes(ids, cache, capture):
             layer_masks = [masks[layer.self_attn.window] for layer in self.layers]
             x = self.compiled.run(self.layers, x, (cos, sin), layer_masks, cache)
         else:
-            for layer in self.layers:
-                x = layer(x, cos, sin, masks, cache, capture)
+            x = self._layers(x, (cos, sin), masks, cache, capture)
         if last_only:
             x = x[:, -1:]
+        return self.head(x)
+
+    def _layers(self, x, rope, masks, cache, capture):
+        if capture is not None:
+            capture.residual(x)
+        for layer in self.layers:
+            x = layer(x, *rope, masks, cache, capture)
+            if capture is not None:
+                capture.residual(x)
+        return x
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings (B, T, hidden): the rows of the embedding matrix (no position here: RoPE
+        rotates q and k inside attention)."""
+        return self.embed_tokens(ids)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits from a residual stream (..., hidden): the final norm, then lm_head."""
         return self.lm_head(self.norm(x))

@@ -21,9 +21,18 @@ class Model(Protocol):
     position only (B, 1, vocab); capture: records attention for a viewer. Returns (B, T, vocab)."""
 
     config: ModelConfig
+    POSITIONS: str  # how positions enter: "learned" (a table of vectors, .wpe) or "rope" (rotation of q, k)
     compiled: CompiledDecode | None  # decode steps through torch.compile (compiled.compile_decode)
 
     def __call__(self, ids: torch.Tensor, cache: Cache | None = None, positions: torch.Tensor | None = None,
                  *, capture: AttentionCapture | None = None, last_only: bool = False) -> torch.Tensor: ...
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings (B, T, hidden): rows of the embedding matrix, before any position."""
+        ...
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits (..., vocab) from a residual stream (..., hidden): final norm, then lm_head."""
+        ...
 
     def parameters(self) -> Iterator[torch.nn.Parameter]: ...

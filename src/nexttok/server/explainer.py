@@ -35,10 +35,12 @@ from nexttok.parameters import DIALS, PARAMETERS
 from nexttok.sampling import DEFAULT_ORDER, STAGE_NAMES, SamplingParams
 from nexttok.server.engine import ServedModel
 from nexttok.server.errors import APIError
+from nexttok.server.lesson import install_lesson
 from nexttok.server.schemas import Strict, bounded
 
 STATIC = Path(__file__).parent / "static"
 MAX_SESSIONS = 8
+MAX_CONTEXT = 4096
 
 ServedFor = Callable[[str | None], ServedModel]  # a model name (None: the only one) -> the model
 
@@ -63,6 +65,8 @@ class SessionRequest(Strict):
     prompt: str
     model: str | None = None
     seed: int | None = bounded("seed")
+    context: int | None = Field(None, ge=2, le=MAX_CONTEXT, description="the session's context window in tokens "
+                                "(default: the model's, at most 1024); small ones show a window filling up")
 
 
 class GotoRequest(Strict):
@@ -89,6 +93,7 @@ class Dials(Strict):
 class StepRequest(Dials):
     node: int | None = Field(None, ge=0)
     token_id: int | None = Field(None, ge=0)
+    use_cache: bool = Field(True, description="false: run the whole sequence through the model again")
 
 
 class RedrawRequest(Dials):
@@ -141,7 +146,8 @@ def install_explainer(app: FastAPI, served_for: ServedFor) -> None:
         served = explainer.served_for(body.model)
         async with explainer.state(served).lock:
             session = await anyio.to_thread.run_sync(
-                lambda: ExplainSession(served.model, served.tokenizer, body.prompt, seed=body.seed))
+                lambda: ExplainSession(served.model, served.tokenizer, body.prompt, seed=body.seed,
+                                       max_len=body.context or 1024))
         key = explainer.add(served, session)
         config = served.model.config
         facts = {"name": served.name, "layers": config.num_hidden_layers, "heads": config.num_attention_heads,
@@ -156,6 +162,7 @@ def install_explainer(app: FastAPI, served_for: ServedFor) -> None:
         return {"deleted": key}
 
     _install_step_routes(app, explainer)
+    install_lesson(app, explainer)
 
 
 def _install_step_routes(app: FastAPI, explainer: Explainer) -> None:
@@ -165,7 +172,7 @@ def _install_step_routes(app: FastAPI, explainer: Explainer) -> None:
         session, params = opened.session, body.params()
         async with explainer.state(opened.served).lock:
             view = await anyio.to_thread.run_sync(
-                lambda: session.step(params, body.node, body.token_id, body.top_n))
+                lambda: session.step(params, body.node, body.token_id, body.top_n, body.use_cache))
         view["step"] = dataclasses.asdict(view["step"])
         path = session.path(view["child"])
         return {**view, "tree": session.tree(), "current": session.current,
