@@ -5,7 +5,9 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -184,3 +186,25 @@ def tiktoken_gpt2(gpt2_dir):
         "gpt2_offline", pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
         special_tokens={"<|endoftext|>": encoder["<|endoftext|>"]},
     )
+
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's headless Chromium driven by Playwright (the page tests)."""
+    if not os.path.exists(CHROMIUM):
+        hint = f"{CHROMIUM} is missing: apt-get install -y chromium (scripts/setup.sh test does it)"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"the explainer page cannot be tested in CI: {hint}")
+        warnings.warn(f"THE EXPLAINER PAGE IS NOT TESTED: {hint}", pytest.PytestWarning, stacklevel=1)
+        pytest.skip(f"THE EXPLAINER PAGE IS NOT TESTED: {hint}")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        yield browser
+        browser.close()

@@ -8,36 +8,14 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import shutil
-import warnings
 
 import pytest
 
 from nexttok.sampling import SamplerChain, SamplingParams
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync"]
 PROMPT = "The capital of France is"
 NEUTRAL = {"temperature": 1, "top_k": 0, "top_p": 1, "min_p": 0, "repetition_penalty": 1, "presence_penalty": 0,
            "frequency_penalty": 0}
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not os.path.exists(CHROMIUM):
-        hint = f"{CHROMIUM} is missing: apt-get install -y chromium (scripts/setup.sh test does it)"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"the explainer page cannot be tested in CI: {hint}")
-        warnings.warn(f"THE EXPLAINER PAGE IS NOT TESTED: {hint}", pytest.PytestWarning, stacklevel=1)
-        pytest.skip(f"THE EXPLAINER PAGE IS NOT TESTED: {hint}")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        yield browser
-        browser.close()
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@
 
 const $ = (id) => document.getElementById(id);
 const state = { session: null, model: null, prompt: [], vocab: [], view: null, playing: false,
-                parameters: null, order: [], redraws: 0 };
+                parameters: null, order: [], redraws: 0, useCache: true };
 const REDRAW_DELAY_MS = 120;  // dial input is debounced: one request per pause in the movement
 const CUT_SHOWN = 6;  // tokens named per stage as cut (of the model's top 20)
 let redrawTimer = null;
@@ -69,7 +69,9 @@ async function start() {
   setStatus("loading…");
   try {
     await loadParameters();
-    const data = await api("POST", "/explain/sessions", { prompt: $("prompt").value });
+    const request = { prompt: $("prompt").value };
+    if ($("context").value) request.context = Number($("context").value);
+    const data = await api("POST", "/explain/sessions", request);
     Object.assign(state, { session: data.session, model: data.model, prompt: data.prompt, vocab: data.vocab,
                            view: null });
     $("model-name").textContent = `${data.model.name} · ${data.model.layers} layers · ${data.model.heads} heads`;
@@ -80,13 +82,14 @@ async function start() {
     for (const id of ["step", "play"]) $(id).disabled = false;
     clearStep();
     setStatus(`${data.prompt.length} prompt tokens. Press Step.`);
+    emit("session", data);
   } catch (e) { setStatus(`error: ${e.message}`); }
 }
 
 async function step(node = null, tokenId = null) {
   if (!state.session) return;
   const settings = dials();
-  const body = { ...settings, top_n: 10 };
+  const body = { ...settings, top_n: 10, use_cache: state.useCache };
   if (node !== null) { body.node = node; body.token_id = tokenId; }
   state.redraws++;  // a redraw still in flight belongs to the step before: it is ignored
   try {
@@ -99,7 +102,8 @@ async function step(node = null, tokenId = null) {
     renderAttention();
     renderTiming(view.timing);
     setStatus(view.text ? `generated: ${JSON.stringify(view.text)}` : "");
-  } catch (e) { setStatus(`error: ${e.message}`); stopPlaying(); }
+    emit("step", view);
+  } catch (e) { setStatus(`error: ${e.message}`); stopPlaying(); emit("error", e); }
 }
 
 function scheduleRedraw() {
@@ -115,7 +119,10 @@ async function redraw() {
   try {
     const drawn = await api("POST", `/explain/sessions/${state.session}/redraw`,
                             { ...settings, node: view.node, top_n: 10 });
-    if (ticket === state.redraws && state.view === view) renderDrawn(drawn, settings);  // else: stale
+    if (ticket === state.redraws && state.view === view) {  // else: stale
+      renderDrawn(drawn, settings);
+      emit("redraw", drawn);
+    }
   } catch (e) { if (ticket === state.redraws) setStatus(`error: ${e.message}`); }
 }
 
@@ -162,16 +169,16 @@ function renderStep(view) {
     if (row.id === s.token_id) tr.classList.add("chosen");
     tr.dataset.id = row.id;
     tr.innerHTML = `<td class="num">${rank + 1}</td><td class="tok"></td><td class="num">${row.id}</td>` +
-      `<td class="num">${pct(row.p)}</td><td><div class="bar" style="width:${Math.round(row.p * 200)}px"></div>` +
+      `<td class="num logit">${row.logit.toFixed(3)}</td><td class="num">${pct(row.p)}</td><td><div class="bar" style="width:${Math.round(row.p * 200)}px"></div>` +
       `<div class="bar final"></div></td><td class="num final-p"></td>`;
     tr.querySelector(".tok").textContent = visible(row.text);
     tr.addEventListener("click", () => { if (row.id !== s.token_id) step(view.node, row.id); });
     return tr;
   });
-  const shown = view.rows.reduce((acc, row) => acc + row.p, 0);
   const rest = document.createElement("tr");
   rest.className = "rest";
-  rest.innerHTML = `<td></td><td>everything else</td><td></td><td class="num">${pct(1 - shown)}</td><td></td><td></td>`;
+  rest.innerHTML = `<td></td><td>everything else</td><td class="num">${view.rest.tokens} tokens</td><td></td>` +
+    `<td class="num">${pct(view.rest.p)}</td><td></td><td></td>`;
   $("table").tBodies[0].replaceChildren(...rows, rest);
   $("step-title").textContent = `(step ${s.index + 1})`;
   $("chosen").textContent = `chosen: ${JSON.stringify(s.token_text)} (id ${s.token_id}) — rank ${s.rank}, ` +
@@ -306,6 +313,13 @@ function fillSelect(select, n, withMean = false) {
 const pct = (p) => `${(100 * p).toFixed(2)}%`;
 const setStatus = (text) => { $("status").textContent = text; };
 
+// ---- what the lesson's sections (lesson-*.js) use ----------------------------------------
+// Events on document: nexttok:session (detail: the new session), nexttok:step (the step's view),
+// nexttok:redraw (the chain re-run under moved dials), nexttok:goto (back at a node), nexttok:error.
+function emit(name, detail) { document.dispatchEvent(new CustomEvent(`nexttok:${name}`, { detail })); }
+window.nexttok = { api, state, step, dials, visible, pct, tokenText, setStatus,
+                   on: (name, fn) => document.addEventListener(`nexttok:${name}`, (e) => fn(e.detail)) };
+
 // ---- wiring -----------------------------------------------------------------------------
 
 loadParameters().catch(() => {});  // a server with an API key answers once the key is typed (Start)
@@ -325,5 +339,6 @@ $("tree").addEventListener("click", async (event) => {
     renderTree(view.tree, view.current);
     clearStep();
     setStatus(`back at node ${node}: Step continues from here`);
+    emit("goto", view);
   } catch (e) { setStatus(`error: ${e.message}`); }
 });
