@@ -107,9 +107,9 @@ def test_run_bad_values(capsys, tiny_dir, args, message):
 @pytest.mark.parametrize("command", ["run", "explain"])
 def test_sampling_values_are_checked_before_the_model_loads(capsys, monkeypatch, command):
     """A user waited 7 s of loading to learn that --temperature was wrong."""
-    import nexttok.cli
+    from nexttok.cli import common
 
-    monkeypatch.setattr(nexttok.cli, "_load", lambda *a: pytest.fail("the model was loaded first"))
+    monkeypatch.setattr(common, "load", lambda *a: pytest.fail("the model was loaded first"))
     assert main([command, "default", "x", "--temperature", "inf"]) == 2
     assert "temperature must be" in capsys.readouterr().err
 

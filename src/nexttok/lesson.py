@@ -106,10 +106,15 @@ def attention_detail(inspection: Inspection, layer: int, head: int, query: int) 
 def word_ids(tokenizer: Tokenizer, word: str) -> list[int]:
     """The tokens of a word as it appears inside a sentence (after a space); special tokens stay text.
     word_ids(gpt2, "king") == [5822]  (" king")"""
+    return tokenizer.encode(" " + word_ids_check(word), allow_special=False)
+
+
+def word_ids_check(word: str) -> str:
+    """The word without surrounding spaces, or a clear error when it is empty or too long."""
     word = word.strip()
     if not word or len(word) > 64:
-        raise InvalidParameter("word", "a word must be 1 to 64 characters (not only spaces)")
-    return tokenizer.encode(" " + word, allow_special=False)
+        raise InvalidParameter("word", f"a word must be 1 to 64 characters (not only spaces), got {word[:80]!r}")
+    return word
 
 
 def embedding_rows(model: Model, ids: list[int] | torch.Tensor) -> torch.Tensor:

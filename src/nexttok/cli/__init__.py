@@ -1,0 +1,39 @@
+"""Command-line front end: argparse and rich over the library; nothing here computes. One module per
+group of commands (text: tokenize, run; explain; serve: serve, bench; models: models, convert)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rich.console import Console
+
+from nexttok.cli import explain, models, serve, text
+from nexttok.cli.common import escape
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nexttok", description="See how a language model makes text.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for group in (text, explain, serve, models):
+        group.add_parsers(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    out = Console(soft_wrap=True)
+    try:
+        return args.func(args, out)
+    except (OSError, ValueError, TypeError) as e:
+        Console(stderr=True, soft_wrap=True).print(f"[red]error:[/] {escape(str(e))}")  # one line, unwrapped
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading
+        sys.stderr.close()
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""`nexttok tokenize` and `nexttok run`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from nexttok.cli import common
+from nexttok.sources import load_tokenizer
+from nexttok.tokenizer import Piece
+
+
+def cmd_tokenize(args: argparse.Namespace, out: Console) -> int:
+    tokenizer = load_tokenizer(args.model)
+    text = common.read_text(args.text)
+    ids = tokenizer.encode(text, allow_special=not args.no_special, add_special=args.add_special)
+    pieces = tokenizer.pieces(ids)
+    if args.json:
+        record = {
+            "ids": ids,
+            "pieces": [p.text for p in pieces],
+            "count": len(ids),
+            "chars": len(text),
+            "bytes": len(text.encode("utf-8")),
+        }
+        print(json.dumps(record, ensure_ascii=False))
+        return 0
+    out.print(_pieces_table(pieces, tokenizer.special_ids))
+    out.print(f"[bold]{len(ids)}[/] tokens for {len(text)} characters ({len(text.encode())} bytes)")
+    return 0
+
+
+def _pieces_table(pieces: list[Piece], special_ids: frozenset[int]) -> Table:
+    table = Table(show_header=True, header_style="bold")
+    table.add_column("#", justify="right", style="dim")
+    table.add_column("id", justify="right", style="cyan")
+    table.add_column("piece")
+    table.add_column("bytes", style="dim")
+    for n, piece in enumerate(pieces):
+        style = "magenta" if piece.id in special_ids else ""
+        table.add_row(str(n), str(piece.id), f"[{style}]{common.escape(common.visible(piece.text))}[/]"
+                      if style else common.escape(common.visible(piece.text)), piece.bytes.hex(" "))
+    return table
+
+
+def _step_record(step) -> dict:
+    record = dataclasses.asdict(step)
+    if record["stages"] is None:
+        del record["stages"]
+    return record
+
+
+def cmd_run(args: argparse.Namespace, out: Console) -> int:
+    from nexttok.generate import stream
+
+    name, prompt = common.model_and_prompt(args)
+    params = common.sampling_params(args)  # checked before the model loads
+    model, tokenizer = common.load(name, args)
+    err = Console(stderr=True)
+    steps = stream(model, tokenizer, prompt, params,
+                   max_tokens=args.max_tokens, stop=args.stop, use_cache=not args.no_cache)
+    prefill = decode = 0.0
+    count, finish = 0, None
+    for step in steps:
+        if args.json:
+            print(json.dumps(_step_record(step), ensure_ascii=False), flush=True)
+        else:
+            sys.stdout.write(step.text)
+            sys.stdout.flush()
+        prefill += step.elapsed if step.prefill else 0.0
+        decode += 0.0 if step.prefill else step.elapsed
+        count, finish = count + 1, step.finish_reason
+    if not args.json:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    rate = f"{(count - 1) / decode:.1f} tokens/s" if decode > 0 else "n/a"
+    err.print(f"[dim]{count} tokens ({finish}); first token {prefill * 1000:.0f} ms; decode {rate}"
+              f"{' (no cache)' if args.no_cache else ''}[/]")
+    return 0
+
+
+def add_parsers(sub) -> None:
+    tok = sub.add_parser("tokenize", help="split text into tokens and show their ids")
+    tok.add_argument("model", help="model directory, tokenizer.json, bundled name (gpt2) or hub id")
+    tok.add_argument("text", help="text to tokenize ('-' reads standard input)")
+    tok.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    tok.add_argument("--no-special", action="store_true",
+                     help="treat special tokens written in the text as plain text")
+    tok.add_argument("--add-special", action="store_true",
+                     help="add the BOS/EOS tokens the tokenizer's post-processor defines")
+    tok.set_defaults(func=cmd_tokenize)
+
+    run = sub.add_parser("run", help="generate text, streamed as it is made")
+    common.add_generation_args(run, max_tokens=128)
+    run.add_argument("--json", action="store_true", help="one JSON object per generated token")
+    run.add_argument("--no-cache", action="store_true",
+                     help="recompute the whole context every step (shows what the KV cache saves)")
+    run.set_defaults(func=cmd_run)
