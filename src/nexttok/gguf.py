@@ -1,8 +1,8 @@
 """Reading a GGUF file (llama.cpp's format): its config, its tokenizer and its tensors, in HF's terms.
 
 A GGUF holds the weights, often quantized, and the tokenizer as metadata. Parsing the file and
-dequantizing blocks is the third-party `gguf` package's job (imported when a file is opened); the
-mapping is ours:
+dequantizing blocks is the third-party `gguf` package's job (imported when a file is opened;
+gguf_metadata.py checks the file is whole and caches what was parsed); the mapping is ours:
 
 - config: llama.cpp metadata keys → HF config.json keys
 - tokenizer: tokens/merges/token types + the named pre-tokenizer → tokenizer.json (+ its config)
@@ -15,14 +15,12 @@ mapping is ours:
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from nexttok.gguf_metadata import GGUFError, TensorEntry, read_metadata
 
 if TYPE_CHECKING:
     import numpy as np
@@ -75,21 +73,6 @@ TENSOR_NAMES = {  # llama.cpp → HF (per block: "blk.N." → "model.layers.N.")
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
-
-
-class GGUFError(ValueError):
-    """A GGUF file that is unreadable or describes something nexttok does not support."""
-
-
-@dataclass(frozen=True)
-class TensorEntry:
-    """Where one tensor's bytes are in the file."""
-
-    name: str  # llama.cpp's name
-    kind: str  # GGML type name: "Q4_1", "Q8_0", "F32", ...
-    dims: tuple[int, ...]  # HF order: (rows, columns) or (n,)
-    offset: int  # from the start of the file
-    n_bytes: int
 
 
 @dataclass
@@ -163,69 +146,22 @@ def _raw(data: np.ndarray, entry: TensorEntry) -> np.ndarray:
 
 
 def read_gguf(path: str | Path, index_dir: Path | None = None) -> GGUFFile:
-    """Open a GGUF file and map its metadata to HF's config and tokenizer. The `gguf` package
-    parses the file (~6 s for a 49k-token vocabulary: it reads every metadata item through numpy);
-    with index_dir, what it found is kept there as JSON, keyed by the file's content, and the next
-    open reads only that."""
+    """Open a GGUF file and map its metadata to HF's config and tokenizer (index_dir: see
+    read_metadata)."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"GGUF file not found: {path}")
-    index = index_dir / f"{path.stem}-{fingerprint(path)}.json" if index_dir is not None else None
-    if index is not None and index.is_file():
-        data = json.loads(index.read_text(encoding="utf-8"))
-        entries = [TensorEntry(e["name"], e["kind"], tuple(e["dims"]), e["offset"], e["n_bytes"])
-                   for e in data["entries"]]
-        return GGUFFile(path, data["config"], data["tokenizer"], data["tokenizer_config"], entries)
-    reader = _reader(path)
-    meta = _fields(reader)
-    config = hf_config(meta, {t.name for t in reader.tensors})
+    meta, entries = read_metadata(path, index_dir)
+    if not entries:  # llama.cpp ships tokenizer-only files (ggml-vocab-*.gguf) for its tests
+        kind = " (a vocabulary-only file)" if "tokenizer.ggml.tokens" in meta else ""
+        raise GGUFError(f"{path} holds no weights{kind}")
+    config = hf_config(meta, {e.name for e in entries})
     tokenizer, tokenizer_config = hf_tokenizer(meta)
-    entries = [TensorEntry(t.name, t.tensor_type.name, tuple(int(d) for d in reversed(t.shape)),
-                           int(t.data_offset), int(t.n_bytes)) for t in reader.tensors]
-    gguf = GGUFFile(path, config, tokenizer, tokenizer_config, entries)
-    if index is not None:
-        _write_index(index, gguf)
-    return gguf
+    return GGUFFile(path, config, tokenizer, tokenizer_config, entries)
 
 
-def fingerprint(path: Path) -> str:
-    """Short id of a file's content (size + sha256 of its first and last MiB)."""
-    digest = hashlib.sha256(str(path.stat().st_size).encode())
-    with path.open("rb") as f:
-        digest.update(f.read(1 << 20))
-        f.seek(max(0, path.stat().st_size - (1 << 20)))
-        digest.update(f.read())
-    return digest.hexdigest()[:12]
-
-
-def _write_index(index: Path, gguf: GGUFFile) -> None:
-    index.parent.mkdir(parents=True, exist_ok=True)
-    data = {"config": gguf.config, "tokenizer": gguf.tokenizer, "tokenizer_config": gguf.tokenizer_config,
-            "entries": [dataclasses.asdict(e) for e in gguf.entries]}
-    temporary = index.with_suffix(f".{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
-    os.replace(temporary, index)  # atomic: a reader never sees half an index
-
-
-def _reader(path: Path):
-    try:
-        from gguf import GGUFReader  # the third-party package (absolute import), not this module
-    except ImportError:
-        raise GGUFError("reading GGUF files needs the `gguf` package: pip install gguf") from None
-    try:
-        return GGUFReader(str(path))
-    except Exception as e:  # the reader raises bare ValueError/KeyError/struct errors
-        raise GGUFError(f"{path} is not a readable GGUF file: {type(e).__name__}: {e}") from None
-
-
-def _fields(reader) -> dict:
-    out = {}
-    for name, field_ in reader.fields.items():
-        try:
-            out[name] = field_.contents()
-        except Exception as e:  # a field of a type we cannot read: keep going, it may be unused
-            out[name] = GGUFError(f"field {name} unreadable: {e}")
-    return out
+def read_gguf_tokenizer(path: str | Path, index_dir: Path | None = None) -> tuple[dict, dict]:
+    """(tokenizer.json, tokenizer_config.json) of a GGUF file, whatever its architecture and
+    whether or not it holds weights: only the tokenizer metadata is mapped."""
+    return hf_tokenizer(read_metadata(Path(path), index_dir)[0])
 
 
 def hf_config(meta: dict, tensor_names: set[str]) -> dict:
@@ -249,7 +185,7 @@ def hf_config(meta: dict, tensor_names: set[str]) -> dict:
         raise GGUFError("GGUF rope_freqs (Llama 3.1 style frequency factors) are not supported yet")
     config = {
         "architectures": [SUPPORTED_ARCHITECTURES[arch]], "model_type": arch,
-        "vocab_size": len(meta["tokenizer.ggml.tokens"]), "hidden_size": hidden,
+        "vocab_size": len(_tokens(meta)), "hidden_size": hidden,
         "intermediate_size": key("feed_forward_length"), "num_hidden_layers": key("block_count"),
         "num_attention_heads": heads, "num_key_value_heads": key("attention.head_count_kv", heads),
         "head_dim": head_dim, "max_position_embeddings": key("context_length"),
@@ -294,14 +230,16 @@ def hf_tokenizer(meta: dict) -> tuple[dict, dict]:
     if pre not in PRE_TOKENIZERS:
         known = ", ".join(sorted(PRE_TOKENIZERS))
         raise GGUFError(f"GGUF pre-tokenizer {pre!r} is not known (known: {known})")
-    tokens, types = meta["tokenizer.ggml.tokens"], meta.get("tokenizer.ggml.token_type")
+    tokens, types = _tokens(meta), meta.get("tokenizer.ggml.token_type")
     types = types or [1] * len(tokens)
+    if len(types) != len(tokens):
+        raise GGUFError(f"GGUF has {len(types)} token types for {len(tokens)} tokens")
     # llama.cpp token types: 1 normal, 3 control (special), 4 user-defined (added, not special)
     added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
               "normalized": False, "special": kind == 3}
              for i, (t, kind) in enumerate(zip(tokens, types, strict=True)) if kind in (3, 4)]
     pre_tokenizer, normalizer = PRE_TOKENIZERS[pre]
-    bos = meta.get("tokenizer.ggml.bos_token_id")
+    bos = _special_id(meta, "bos", tokens)
     tokenizer = {
         "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
         "normalizer": normalizer, "pre_tokenizer": pre_tokenizer,
@@ -317,11 +255,25 @@ def hf_tokenizer(meta: dict) -> tuple[dict, dict]:
     return tokenizer, _tokenizer_config(meta, tokens)
 
 
+def _tokens(meta: dict) -> list[str]:
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if not isinstance(tokens, list) or not tokens:
+        raise GGUFError("GGUF metadata tokenizer.ggml.tokens (the vocabulary) is missing or unreadable")
+    return tokens
+
+
+def _special_id(meta: dict, name: str, tokens: list[str]) -> int | None:
+    token_id = meta.get(f"tokenizer.ggml.{name}_token_id")
+    if token_id is not None and not (type(token_id) is int and 0 <= token_id < len(tokens)):
+        raise GGUFError(f"GGUF {name} token id {token_id!r} is outside the {len(tokens)}-token vocabulary")
+    return token_id
+
+
 def _tokenizer_config(meta: dict, tokens: list[str]) -> dict:
     """tokenizer_config.json: the special tokens by name, and the chat template when there is one."""
     config = {}
     for name in ("bos", "eos", "unk", "pad"):
-        token_id = meta.get(f"tokenizer.ggml.{name}_token_id")
+        token_id = _special_id(meta, name, tokens)
         if token_id is not None:
             config[f"{name}_token"] = tokens[token_id]
     config["tokenizer_class"] = "PreTrainedTokenizerFast"

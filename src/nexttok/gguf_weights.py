@@ -17,6 +17,7 @@ before packing.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import torch
@@ -33,7 +34,7 @@ from nexttok.weights import DTYPES, checkpoint_keys
 
 def gguf_model(gguf: GGUFFile, config: ModelConfig, dtype: str | None, device: torch.device) -> nn.Module:
     """The model of a GGUF file; dtype None/"auto": as shipped (see above)."""
-    as_shipped = dtype in (None, "auto") and device.type == "cpu"  # the 4-bit kernel runs on the CPU
+    as_shipped = _as_shipped(dtype, device)
     floats = DTYPES.get(dtype, ACTIVATION)
     tensors = {t.name: t for t in gguf.blocks()}
     model = build_model(config)
@@ -58,6 +59,19 @@ def gguf_model(gguf: GGUFFile, config: ModelConfig, dtype: str | None, device: t
         model.tie_weights()
     model.init_buffers()
     return model
+
+
+def _as_shipped(dtype: str | None, device: torch.device) -> bool:
+    return dtype in (None, "auto") and device.type == "cpu"  # the 4-bit kernel runs on the CPU
+
+
+def gguf_weight_bytes(gguf: GGUFFile, dtype: str | None, device: torch.device) -> int:
+    """About the bytes gguf_model's weights take, known before any is read: the file's own bytes
+    when kept as shipped (or requantized to int8/int4), each value at the float dtype otherwise."""
+    if _as_shipped(dtype, device) or dtype in BITS:
+        return sum(entry.n_bytes for entry in gguf.entries)
+    size = DTYPES.get(dtype, ACTIVATION).itemsize
+    return sum(math.prod(entry.dims) * size for entry in gguf.entries)
 
 
 def _keep_q8_0_embedding(model: nn.Module, tensors: dict[str, GGUFTensor], tied: bool) -> bool:

@@ -1,10 +1,11 @@
 """A ready model, its tokenizer and chat template, from any name sources.py resolves.
 
     path = sources.resolve_checkpoint(name)       a checkpoint directory, or a .gguf file
-    directory: config.json → ModelConfig → model built on the meta device → safetensors copied in
-               (weights.py); tokenizer.json; stop ids from config.json and generation_config.json
-    .gguf:     config, tokenizer and chat template from the file's metadata; weights kept as
-               shipped where a kernel runs them (gguf_weights.py)
+    directory: config.json → ModelConfig → model built on the meta device → its size checked
+               against free memory → safetensors copied in (weights.py); tokenizer.json; stop ids
+               from config.json and generation_config.json
+    .gguf:     config, tokenizer and chat template from the file's metadata; size checked; weights
+               kept as shipped where a kernel runs them (gguf_weights.py)
 
 dtype: "auto" (float32 on CPU for a directory; a GGUF as shipped), float32 / bfloat16 / float16,
 or int8 / int4 (linear layers quantized at load, the rest in bfloat16).
@@ -24,14 +25,22 @@ import torch
 from nexttok.chat import ChatTemplate
 from nexttok.config import CheckpointError, from_hf_config, read_config, read_generation_stop_ids
 from nexttok.gguf import GGUFFile
-from nexttok.gguf_weights import gguf_model
+from nexttok.gguf_weights import gguf_model, gguf_weight_bytes
 from nexttok.models import Model, build_model
 from nexttok.models.compiled import CompileUnavailable, compile_decode
 from nexttok.quant import BITS, quantize_linears
 from nexttok.sources import open_gguf, resolve_checkpoint
 from nexttok.tokenizer import Tokenizer
 from nexttok.tokenizer_json import from_directory, tokenizer_from_json
-from nexttok.weights import assign_weights, check_dtype, checkpoint_files, pick_device, pick_dtype
+from nexttok.weights import (
+    assign_weights,
+    check_dtype,
+    check_memory,
+    checkpoint_files,
+    pick_device,
+    pick_dtype,
+    weight_bytes,
+)
 
 
 @dataclass
@@ -82,16 +91,21 @@ def load_model(source: str | Path, *, dtype: str | torch.dtype | None = None, de
 
 def _from_gguf(path: Path, dtype, device: str | None) -> tuple[GGUFFile, Model]:
     gguf = open_gguf(path)
-    return gguf, gguf_model(gguf, from_hf_config(gguf.config), dtype, pick_device(device)).eval()
+    config, target = from_hf_config(gguf.config), pick_device(device)
+    check_memory(gguf_weight_bytes(gguf, dtype, target), target)
+    return gguf, gguf_model(gguf, config, dtype, target).eval()
 
 
 def _directory_model(directory: Path, dtype, device: str | None) -> Model:
     config = read_config(directory)
-    files = checkpoint_files(directory)
     target = pick_device(device)
     chosen = pick_dtype(None if dtype in BITS else dtype, target, config)
-    model = build_model(config)
-    model = model.to_empty(device=target).to(chosen)
+    # cast on the meta device (no storage yet): the size is known before anything is allocated,
+    # and the float32 copy that to_empty would otherwise make first never exists
+    model = build_model(config).to(chosen)
+    check_memory(weight_bytes(model), target)  # int8/int4 load in float first: that is the peak
+    files = checkpoint_files(directory)
+    model = model.to_empty(device=target)
     model.tie_weights()  # materializing off the meta device unties shared parameters
     assign_weights(model, files)
     model.init_buffers()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from nexttok.bundled import BUNDLED_MODELS, BUNDLED_TOKENIZERS, DEFAULT_MODEL, bundled_model_file, tokenizer_dir
 from nexttok.config import CheckpointError
-from nexttok.gguf import GGUFFile, read_gguf
+from nexttok.gguf import GGUFFile, read_gguf, read_gguf_tokenizer
 from nexttok.tokenizer import Tokenizer
 from nexttok.tokenizer_json import from_directory, from_tokenizer_json, tokenizer_from_json
 
@@ -37,6 +37,12 @@ def cache_home() -> Path:
 def open_gguf(path: Path) -> GGUFFile:
     """A GGUF file, its parsed metadata kept in the nexttok cache (the next open is instant)."""
     return read_gguf(path, index_dir=cache_home() / "gguf")
+
+
+def gguf_tokenizer(path: Path) -> Tokenizer:
+    """The tokenizer in a GGUF file's metadata, read alone: any architecture, weights or none."""
+    tokenizer, _ = read_gguf_tokenizer(path, index_dir=cache_home() / "gguf")
+    return tokenizer_from_json(tokenizer, f"{path.name} (tokenizer metadata)")
 
 
 def looks_like_path(name: str) -> bool:
@@ -111,7 +117,7 @@ def load_tokenizer(source: str | Path) -> Tokenizer:
             return from_directory(directory)
     found = local_checkpoint(source)
     if found is not None and found.is_file():  # a GGUF: the tokenizer is in its metadata
-        return tokenizer_from_json(open_gguf(found).tokenizer, f"{found.name} (tokenizer metadata)")
+        return gguf_tokenizer(found)
     if found is not None:
         return from_directory(found)
     return from_directory(hub_snapshot(name, TOKENIZER_FILES))

@@ -3,7 +3,8 @@ copying each in by its checkpoint name with its shape and dtype checked.
 
 Each architecture gives a short rename table (a prefix, the names stored transposed). Pickle
 files (.bin/.pt) are refused: unpickling can run arbitrary code. Finding a checkpoint is
-sources.py's job, building the model around these weights loading.py's.
+sources.py's job, building the model around these weights loading.py's. check_memory refuses,
+before anything is allocated, a model bigger than the memory it would load into.
 """
 
 from __future__ import annotations
@@ -182,6 +183,59 @@ def pick_device(device: str | None) -> torch.device:
         why = "this PyTorch build has no CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
         raise ValueError(f"device {device!r} is not available: {why} (use --device cpu)")
     return chosen
+
+
+class NotEnoughMemory(ValueError):
+    """A model too big for the memory of the device it would load on."""
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes a model's parameters and buffers take once materialized; works on the meta device,
+    before anything is allocated (a tied tensor counts once)."""
+    tensors = [*model.parameters(), *model.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def check_memory(needed: int, device: torch.device) -> None:
+    """Refuse a model that cannot fit, before allocating it: the allocator would fail half-way
+    with a traceback, or the system start swapping or killing processes. Skipped where the free
+    memory cannot be known."""
+    available = available_memory(device)
+    if available is not None and needed > available:
+        where = "is available" if device.type == "cpu" else f"is free on {device}"
+        raise NotEnoughMemory(f"model needs {format_bytes(needed)} of memory for its weights but "
+                              f"{format_bytes(available)} {where}")
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Free bytes on `device`: CUDA's own count; on the CPU, Linux's MemAvailable plus free swap
+    (memory the kernel can still hand out: a model that fits only with swap is slow, not an
+    error). None elsewhere (other systems and device types)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type != "cpu":
+        return None
+    try:
+        lines = Path("/proc/meminfo").read_text(encoding="ascii").splitlines()
+    except OSError:
+        return None
+    kib = {}
+    for line in lines:  # "MemAvailable:   22808744 kB"
+        key, _, value = line.partition(":")
+        number = value.split()[:1]
+        if number and number[0].isdigit():
+            kib[key] = int(number[0])
+    if "MemAvailable" not in kib:  # Linux before 3.14
+        return None
+    return (kib["MemAvailable"] + kib.get("SwapFree", 0)) * 1024
+
+
+def format_bytes(n: int) -> str:
+    """format_bytes(412_300_000_000) == "412.3 GB"; decimal units, as disk and RAM sizes are sold."""
+    for unit, scale in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:,} bytes"
 
 
 def pick_dtype(dtype: str | torch.dtype | None, device: torch.device, config: ModelConfig) -> torch.dtype:

