@@ -75,7 +75,7 @@ class Generation:
     def __init__(self, config: ModelConfig, tokenizer: Tokenizer, prompt_ids: list[int], params: SamplingParams, *,
                  max_tokens: int | None = 256, stop: str | Sequence[str] | None = None,
                  stop_token_ids: Sequence[int] | None = None, top_n: int = 5, record_stages: bool = False,
-                 device="cpu", context_limit: int | None = None):
+                 device="cpu", context_limit: int | None = None, constraint=None):
         stops = _check_generation_args(max_tokens, stop)
         check_token_ids(params.logit_bias, config.vocab_size)  # now, not at the first token
         self.tokenizer, self.prompt_ids, self.top_n, self.record_stages = tokenizer, prompt_ids, top_n, record_stages
@@ -83,6 +83,7 @@ class Generation:
         # The chain's tensors are made on the first sample(), in the thread that runs the model:
         # PyTorch work in a second thread (say, a server's event loop) slows the model's thread down.
         self.sampler: SamplerChain | None = None
+        self.constraint = constraint  # a grammar.Constraint: this generation's grammar stage, or None
         self.stop_ids = set(config.eos_token_id if stop_token_ids is None else stop_token_ids)
         limit = context_window(config, context_limit)
         check_prompt_fits(len(prompt_ids), limit)  # a clear error for callers that skip prompt_ids_for
@@ -98,7 +99,8 @@ class Generation:
     def sample(self, logits: torch.Tensor, elapsed: float, prefill: bool) -> Step:
         """Choose the next token from the model's logits (vocab,) and describe it."""
         if self.sampler is None:
-            self.sampler = SamplerChain.from_params(self.params, self.vocab_size, self.prompt_ids, self.device)
+            self.sampler = SamplerChain.from_params(self.params, self.vocab_size, self.prompt_ids, self.device,
+                                                    constraint=self.constraint)
         stages = [] if self.record_stages else None
         start = time.perf_counter()
         token, final, u = self.sampler.sample(logits, stages)
@@ -218,12 +220,14 @@ def check_prompt_fits(prompt_tokens: int, context: int) -> None:
 def stream(model: Model, tokenizer: Tokenizer, prompt: str | Sequence[int],
            params: SamplingParams | None = None, *, max_tokens: int | None = 256,
            stop: str | Sequence[str] | None = None, stop_token_ids: Sequence[int] | None = None,
-           use_cache: bool = True, top_n: int = 5, record_stages: bool = False) -> Iterator[Step]:
-    """Generate, yielding a Step per token; the last one carries finish_reason."""
+           use_cache: bool = True, top_n: int = 5, record_stages: bool = False,
+           constraint=None) -> Iterator[Step]:
+    """Generate, yielding a Step per token; the last one carries finish_reason. constraint: a
+    grammar.Constraint for this generation (its own: it advances with every token)."""
     ids = prompt_ids_for(model, tokenizer, prompt)
     generation = Generation(model.config, tokenizer, ids, params or SamplingParams(), max_tokens=max_tokens,
                             stop=stop, stop_token_ids=stop_token_ids, top_n=top_n, record_stages=record_stages,
-                            device=next(model.parameters()).device)
+                            device=next(model.parameters()).device, constraint=constraint)
     yield from generate_step(model, generation, use_cache=use_cache)
 
 

@@ -229,14 +229,17 @@ class SamplerChain:
 
     name = "chain"
 
-    def __init__(self, stages: Sequence, *, greedy: bool, history: History, uniforms: Uniforms):
+    def __init__(self, stages: Sequence, *, greedy: bool, history: History, uniforms: Uniforms, constraint=None):
         self.stages, self.greedy, self.history, self.uniforms = list(stages), greedy, history, uniforms
+        self.constraint = constraint  # the grammar stage (grammar.Constraint), also told each token
 
     @classmethod
     def from_params(cls, params: SamplingParams, vocab_size: int, prompt_ids: Sequence[int] = (),
-                    device="cpu", *, uniforms: Uniforms | None = None) -> SamplerChain:
+                    device="cpu", *, uniforms: Uniforms | None = None, constraint=None) -> SamplerChain:
         """Only the stages whose settings are not neutral are built (zero cost for the rest).
-        uniforms: the stream draws come from (default: a new one seeded with params.seed)."""
+        uniforms: the stream draws come from (default: a new one seeded with params.seed).
+        constraint: a grammar.Constraint, run first ("grammar"): the other stages only ever see
+        tokens the grammar allows, so a filter's share of probability is a share of valid text."""
         p = params
         drawing = p.temperature >= GREEDY_BELOW  # truncation and temperature never change a greedy pick
         wanted = {
@@ -256,12 +259,17 @@ class SamplerChain:
             "temperature": lambda: Temperature(p.temperature),
         }
         stages = [make[name]() for name in p.order if wanted[name]]
+        if constraint is not None:
+            stages.insert(0, constraint)
         return cls(stages, greedy=not drawing, history=History.start(prompt_ids, vocab_size, device),
-                   uniforms=Uniforms(p.seed) if uniforms is None else uniforms)
+                   uniforms=Uniforms(p.seed) if uniforms is None else uniforms, constraint=constraint)
 
     def accept(self, token_id: int) -> None:
-        """Tell the chain the token that was chosen (it counts for the penalties from now on)."""
+        """Tell the chain the token that was chosen (it counts for the penalties from now on, and
+        advances the grammar)."""
         self.history.add(token_id)
+        if self.constraint is not None:
+            self.constraint.accept(token_id)
 
     def __call__(self, logits: torch.Tensor, record: list | None = None) -> torch.Tensor:
         """Every stage in turn over the chain's history; record: a list to append a StageRecord to

@@ -60,10 +60,18 @@ def cmd_run(args: argparse.Namespace, out: Console) -> int:
 
     name, prompt = common.model_and_prompt(args)
     params = common.sampling_params(args)  # checked before the model loads
+    schema = _output_schema(args)
     model, tokenizer = common.load(name, args)
     err = Console(stderr=True)
-    steps = stream(model, tokenizer, prompt, params,
-                   max_tokens=args.max_tokens, stop=args.stop, use_cache=not args.no_cache)
+    constraint = None
+    if schema is not None:
+        from nexttok.grammar import Constraint
+
+        config = model.config
+        constraint = Constraint.json_schema(tokenizer, config.vocab_size, schema, config.eos_token_id,
+                                            "--json-schema" if args.json_schema else "--format")
+    steps = stream(model, tokenizer, prompt, params, max_tokens=args.max_tokens, stop=args.stop,
+                   use_cache=not args.no_cache, constraint=constraint)
     prefill = decode = 0.0
     count, finish = 0, None
     for step in steps:
@@ -84,6 +92,26 @@ def cmd_run(args: argparse.Namespace, out: Console) -> int:
     return 0
 
 
+def _output_schema(args: argparse.Namespace) -> dict | None:
+    """The JSON schema the output must follow: --json-schema FILE, --format json (any object), or None."""
+    if args.json_schema and args.format:
+        raise ValueError("give --json-schema or --format, not both")
+    if args.format:
+        return {"type": "object"}
+    if not args.json_schema:
+        return None
+    try:
+        with open(args.json_schema, encoding="utf-8") as f:
+            schema = json.load(f)
+    except OSError as e:
+        raise ValueError(f"--json-schema {args.json_schema}: cannot read it ({e.strerror})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"--json-schema {args.json_schema}: not valid JSON ({e})") from None
+    if not isinstance(schema, dict):
+        raise ValueError(f"--json-schema {args.json_schema}: a JSON schema must be an object")
+    return schema
+
+
 def add_parsers(sub) -> None:
     tok = sub.add_parser("tokenize", help="split text into tokens and show their ids")
     tok.add_argument("model", help="model directory, tokenizer.json, bundled name (gpt2) or hub id")
@@ -98,6 +126,10 @@ def add_parsers(sub) -> None:
     run = sub.add_parser("run", help="generate text, streamed as it is made")
     common.add_generation_args(run, max_tokens=128)
     run.add_argument("--json", action="store_true", help="one JSON object per generated token")
+    run.add_argument("--json-schema", metavar="FILE", default=None,
+                     help="constrain the output to JSON that validates against this schema (a grammar stage)")
+    run.add_argument("--format", choices=["json"], default=None,
+                     help="json: constrain the output to a JSON object (as `ollama run --format json`)")
     run.add_argument("--no-cache", action="store_true",
                      help="recompute the whole context every step (shows what the KV cache saves)")
     run.set_defaults(func=cmd_run)

@@ -10,12 +10,13 @@ from fastapi import FastAPI
 
 from nexttok.errors import InvalidParameter
 from nexttok.generate import Generation, prompt_ids_for
+from nexttok.grammar import Constraint
 from nexttok.parameters import DIALS
 from nexttok.sampling import SamplingParams
 from nexttok.server.engine import ServedModel, find_served
 from nexttok.server.errors import APIError
 from nexttok.server.responses import ChatFormat, CompletionFormat, ResponseFormat
-from nexttok.server.schemas import ChatRequest, CompletionRequest, SamplingFields
+from nexttok.server.schemas import ChatRequest, CompletionRequest, OutputFormat, SamplingFields
 from nexttok.server.streaming import Run, respond
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -29,6 +30,7 @@ class GenerationPlan:
     max_tokens: int | None  # None: until a stop or the context window is full
     stop: tuple[str, ...]
     top_n: int = 0  # top alternatives (logprobs) recorded per token
+    output: OutputFormat | None = None  # response_format: each choice gets its own grammar stage
 
     @classmethod
     def of(cls, body: SamplingFields, max_tokens: int | None, top_n: int) -> GenerationPlan:
@@ -39,7 +41,11 @@ class GenerationPlan:
         if given.get("top_k") == -1:  # vLLM's "off"
             given["top_k"] = 0
         bias = {int(key): value for key, value in (body.logit_bias or {}).items()}
-        return cls(SamplingParams(**given, logit_bias=bias, seed=body.seed), max_tokens, stop, top_n)
+        output = body.response_format
+        if output is not None and output.type == "json_schema" and output.json_schema is None:
+            raise InvalidParameter("response_format", "response_format of type json_schema needs a json_schema")
+        return cls(SamplingParams(**given, logit_bias=bias, seed=body.seed), max_tokens, stop, top_n,
+                   None if output is None or output.type == "text" else output)
 
     def params_for_choice(self, index: int) -> SamplingParams:
         """Choice i of a seeded request uses seed + i: distinct choices, each reproducible."""
@@ -51,7 +57,17 @@ class GenerationPlan:
         """Choice `index` of the request, over the prompt `ids`."""
         return Generation(served.model.config, served.tokenizer, ids, self.params_for_choice(index),
                           max_tokens=self.max_tokens, stop=self.stop, top_n=self.top_n,
-                          context_limit=served.context_length)
+                          context_limit=served.context_length, constraint=self.constraint(served))
+
+    def constraint(self, served: ServedModel) -> Constraint | None:
+        """A new grammar stage for one choice (a matcher follows one text), or None."""
+        if self.output is None:
+            return None
+        config, tokenizer = served.model.config, served.tokenizer
+        if self.output.type == "json_object":
+            return Constraint.json_object(tokenizer, config.vocab_size, config.eos_token_id)
+        return Constraint.json_schema(tokenizer, config.vocab_size, self.output.json_schema.schema_,
+                                      config.eos_token_id)
 
 
 def install_generation_routes(app: FastAPI) -> None:

@@ -4,7 +4,7 @@ exactly what the server accepts."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
@@ -34,6 +34,22 @@ class StreamOptions(Strict):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(Strict):
+    """OpenAI's response_format.json_schema: a named schema the output must validate against."""
+
+    name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+class OutputFormat(Strict):
+    """response_format: "text" (free), "json_object" (any JSON object), "json_schema" (this schema)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class SamplingFields(Strict):
     """Fields both generation routes take (OpenAI's, plus vLLM's top_k / min_p / repetition_penalty)."""
 
@@ -54,6 +70,7 @@ class SamplingFields(Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    response_format: OutputFormat | None = None
 
 
 class CompletionRequest(SamplingFields):
