@@ -1,5 +1,6 @@
 """Command-line front end: argparse and rich over the library; nothing here computes. One module per
-group of commands (text: tokenize, run; explain; serve: serve, bench; models: models, convert)."""
+group of commands (text: tokenize, run; chat; explain: explain, neighbors; serve: serve, bench;
+models: models, convert)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,14 @@ import sys
 
 from rich.console import Console
 
-from nexttok.cli import explain, models, serve, text
+from nexttok.cli import chat, explain, models, serve, text
 from nexttok.cli.common import escape
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nexttok", description="See how a language model makes text.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for group in (text, explain, serve, models):
+    for group in (text, chat, explain, serve, models):
         group.add_parsers(sub)
     return parser
 

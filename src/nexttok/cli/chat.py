@@ -1,0 +1,329 @@
+"""`nexttok chat [MODEL]`: a multi-turn REPL over the model's own chat template, as `ollama run` is.
+
+Each turn renders the whole conversation (system prompt, past turns, the new message) with the
+template and streams the answer through generate.stream. When that prompt plus max_tokens (room
+kept for the answer) would not fit the context window, the oldest turns are dropped, the system
+prompt kept, and the REPL says how many and how many tokens. Ctrl-C during an answer stops it and
+the partial answer is kept in the history as it stands, unmarked: the model sees what it said, as
+after a max_tokens cut. An answer stopped before its first token takes its message with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import re
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from nexttok.bundled import DEFAULT_MODEL
+from nexttok.cli import common
+from nexttok.errors import InvalidParameter
+
+PROMPT, MORE = ">>> ", "... "
+SAMPLING = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+            "frequency_penalty", "seed")
+HELP = """commands:
+  /set NAME VALUE   temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
+                    frequency_penalty, seed (a number or none), max_tokens
+  /set system TEXT  the system prompt (no TEXT: none)
+  /show             the settings and the tokens used of the context window
+  /clear            forget the conversation (the system prompt stays)
+  /save FILE        write the conversation as JSON (OpenAI's messages)
+  /load FILE        read one back
+  /help, /bye       this text; leave (Ctrl-D too)
+Ctrl-C stops an answer (what was said stays) or clears the line. \"\"\" starts and ends a multi-line message."""
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """Model text made safe for a terminal (no escape sequences): printable("a\\x1b[2J") == "a\\\\x1b[2J"."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def _oldest_turn_dropped(turns: list[dict]) -> list[dict]:
+    """turns less the first one (a message and the replies up to the next user message):
+    [u1, a1, u2, a2] -> [u2, a2]."""
+    rest = turns[1:]
+    return rest[next((i for i, m in enumerate(rest) if m["role"] == "user"), len(rest)):]
+
+
+class Conversation:
+    """The messages of one chat and what they cost in tokens under the model's template."""
+
+    def __init__(self, template, tokenizer, system: str | None = None):
+        self.template, self.tokenizer = template, tokenizer
+        self.system, self.turns = system, []
+
+    def messages(self, turns: list[dict] | None = None) -> list[dict]:
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        return head + (self.turns if turns is None else turns)
+
+    def ids(self, messages: list[dict], generation_prompt: bool = True) -> list[int]:
+        """Token ids of messages as the template writes them (the server encodes the same way)."""
+        if not messages:
+            return []
+        return self.tokenizer.encode(self.template.render(messages, add_generation_prompt=generation_prompt))
+
+    def used(self) -> int:
+        return len(self.ids(self.messages(), generation_prompt=False))
+
+    def add(self, message: dict, budget: int) -> tuple[list[int], int, int]:
+        """Append message, first dropping the oldest turns until the prompt is at most budget tokens;
+        (prompt ids, turns dropped, tokens they took). A message that cannot fit changes nothing."""
+        kept = list(self.turns)
+        first = ids = self.ids(self.messages(kept + [message]))
+        dropped = 0
+        while len(ids) > budget and kept:
+            kept, dropped = _oldest_turn_dropped(kept), dropped + 1
+            ids = self.ids(self.messages(kept + [message]))
+        if len(ids) > budget:
+            raise ValueError(f"this message is {len(ids)} tokens with the template and system prompt; {budget} "
+                             "fit (the context window less max_tokens): shorten it or /set max_tokens lower")
+        self.turns = kept + [message]
+        return ids, dropped, len(first) - len(ids)
+
+    def load(self, data) -> None:
+        """Messages in OpenAI's shape (a list, or an object holding "messages"); a system message may
+        only come first (it becomes the system prompt)."""
+        messages = data.get("messages") if isinstance(data, dict) else data
+        if not isinstance(messages, list):
+            raise ValueError('expected a list of messages or an object with "messages"')
+        for i, m in enumerate(messages):
+            roles = ("system", "user", "assistant") if i == 0 else ("user", "assistant")
+            if not isinstance(m, dict) or m.get("role") not in roles or not isinstance(m.get("content"), str):
+                raise ValueError(f"messages[{i}] must be {{role: {' | '.join(roles)}, content: a string}}")
+        has_system = bool(messages) and messages[0]["role"] == "system"
+        turns = [{"role": m["role"], "content": m["content"]} for m in messages[has_system:]]
+        system = messages[0]["content"] if has_system else None
+        if messages:
+            self.template.render(messages)  # a template that refuses them says so now, not at the next turn
+        self.system, self.turns = system, turns
+
+
+def _check_max_tokens(value, context: int) -> int:
+    if type(value) is not int or not 1 <= value < context:
+        raise InvalidParameter("max_tokens", f"max_tokens must be an integer in [1, {context - 1}] (room kept for "
+                               f"the answer in the {context}-token context window), got {value!r}")
+    return value
+
+
+def _number(name: str, text: str):
+    """A setting's value as typed: _number("top_k", "40") == 40; _number("seed", "none") is None."""
+    text = text.strip()
+    if name == "seed" and text.lower() in ("none", "off", ""):
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    raise InvalidParameter(name, f"{name} must be a number, got {text!r}")
+
+
+class ChatSession:
+    """One REPL: its conversation, settings and the commands that change them."""
+
+    def __init__(self, checkpoint, name: str, args: argparse.Namespace, out: Console):
+        from nexttok.generate import context_window
+
+        if checkpoint.chat_template is None:
+            raise ValueError(f"{name} has no chat template (none in its tokenizer_config.json, "
+                             "chat_template.jinja or GGUF metadata); `nexttok run` completes plain text")
+        self.model, self.tokenizer, self.name, self.out = checkpoint.model, checkpoint.tokenizer, name, out
+        self.err = Console(stderr=True, soft_wrap=True)
+        self.chat = Conversation(checkpoint.chat_template, checkpoint.tokenizer, args.system or None)
+        self.context = context_window(self.model.config, args.context)
+        params = common.sampling_params(args)  # the library's checks, as `run` makes them
+        self.sampling = {n: getattr(params, n) for n in SAMPLING}
+        self.max_tokens = _check_max_tokens(args.max_tokens, self.context)
+        self.stop_ids = list(self.model.config.eos_token_id)
+        eot = self.tokenizer.token_to_id(checkpoint.chat_template.eos_token or "")  # e.g. <|im_end|>
+        if eot is not None and eot not in self.stop_ids:
+            self.stop_ids.append(eot)
+
+    def repl(self) -> int:
+        """Read, answer, repeat, until /bye or Ctrl-D."""
+        self.out.print(f"chat with {common.escape(self.name)} (context {self.context} tokens); "
+                       "/help for commands, /bye or Ctrl-D to leave")
+        while True:
+            try:
+                line = self._read()
+            except KeyboardInterrupt:  # Ctrl-C at the prompt: drop the line, prompt again
+                print()
+                continue
+            except EOFError:
+                print()
+                return 0
+            try:
+                if not self.handle(line):
+                    return 0
+            except (ValueError, OSError) as e:
+                self.err.print(f"[red]error:[/] {common.escape(str(e))}")
+            except KeyboardInterrupt:
+                print()
+
+    def _read(self) -> str:
+        """One message; a line starting with \"\"\" runs on until a line ending with \"\"\"."""
+        line = input(PROMPT)
+        if not line.lstrip().startswith('"""'):
+            return line
+        text = line.lstrip()[3:]
+        while not text.endswith('"""'):
+            text += "\n" + input(MORE)
+        return text[:-3]
+
+    def handle(self, line: str) -> bool:
+        """Run a command or answer a message; False to leave."""
+        if not line.strip():
+            return True
+        if not line.startswith("/"):
+            self.answer(line)
+            return True
+        command, _, rest = line.partition(" ")
+        if command == "/bye":
+            return False
+        commands = {"/set": self.set, "/show": self.show, "/clear": self.clear, "/save": self.save,
+                    "/load": self.load, "/help": lambda _: self.out.print(common.escape(HELP))}
+        if command not in commands:
+            raise ValueError(f"unknown command {command}; /help lists them")
+        commands[command](rest.strip())
+        return True
+
+    def answer(self, text: str) -> None:
+        ids, dropped, tokens = self.chat.add({"role": "user", "content": text}, self.context - self.max_tokens)
+        if dropped:
+            self.out.print(f"[yellow]context full: dropped the {dropped} oldest turn{'s' * (dropped > 1)} "
+                           f"({tokens} tokens)[/]")
+        try:
+            reply, count, finish = self._stream(ids)
+        except BaseException:  # an error, or a second Ctrl-C while the first was handled
+            self.chat.turns.pop()  # the message got no answer: not part of the conversation
+            raise
+        if finish == "interrupted" and not count:
+            self.chat.turns.pop()  # stopped before a word: as if the message was never sent
+        else:
+            self.chat.turns.append({"role": "assistant", "content": reply})
+        if finish == "interrupted":
+            self.out.print(f"[dim](stopped after {count} tokens; {'kept in' if count else 'nothing added to'} "
+                           "the history)[/]")
+        elif finish == "length":
+            self.out.print(f"[dim](cut at max_tokens {self.max_tokens})[/]")
+
+    def _stream(self, ids: list[int]) -> tuple[str, int, str | None]:
+        """Stream an answer to the terminal: (its text, tokens, finish reason or "interrupted")."""
+        from nexttok.generate import stream
+        from nexttok.sampling import SamplingParams
+
+        steps = stream(self.model, self.tokenizer, ids, SamplingParams(**self.sampling),
+                       max_tokens=self.max_tokens, stop_token_ids=self.stop_ids)
+        parts, finish = [], None
+        try:
+            for step in steps:
+                sys.stdout.write(printable(step.text))
+                sys.stdout.flush()
+                parts.append(step.text)
+                finish = step.finish_reason
+        except KeyboardInterrupt:
+            steps.close()
+            finish = "interrupted"
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        return "".join(parts), len(parts), finish
+
+    def set(self, rest: str) -> None:
+        from nexttok.sampling import SamplingParams
+
+        name, _, value = rest.partition(" ")
+        name = name.replace("-", "_")
+        if name == "system":
+            self.chat.system = value.strip() or None
+            self.out.print("system prompt " + ("set" if self.chat.system else "cleared"))
+            return
+        if name == "max_tokens":
+            self.max_tokens = _check_max_tokens(_number(name, value), self.context)
+            self.out.print(f"max_tokens = {self.max_tokens}")
+        elif name in SAMPLING:
+            changed = {**self.sampling, name: _number(name, value)}
+            SamplingParams(**changed)  # validate(): a value out of range raises, naming it
+            self.sampling = changed
+            self.out.print(f"{name} = {changed[name]}")
+        else:
+            raise ValueError(f"/set takes one of {', '.join(SAMPLING)}, max_tokens, system; got {name!r}")
+
+    def show(self, _: str = "") -> None:
+        rows = [("model", self.name), *self.sampling.items(), ("max_tokens", self.max_tokens),
+                ("system", self.chat.system if self.chat.system is not None else "(none)")]
+        for name, value in rows:
+            self.out.print(f"  {name:<20}{common.escape(printable(str(value)))}")
+        turns = sum(m["role"] == "user" for m in self.chat.turns)
+        self.out.print(f"  {'context':<20}{self.chat.used()} of {self.context} tokens used ({turns} "
+                       f"turn{'s' * (turns != 1)}; {self.max_tokens} kept for each answer)")
+
+    def clear(self, _: str = "") -> None:
+        self.chat.turns = []
+        self.out.print("conversation cleared" + (" (the system prompt stays)" if self.chat.system else ""))
+
+    def save(self, file: str) -> None:
+        if not file:
+            raise ValueError("/save needs a FILE")
+        data = {"model": self.name, "messages": self.chat.messages()}  # a chat completions request body
+        Path(file).expanduser().write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        self.out.print(f"saved {len(data['messages'])} messages to {common.escape(file)}")
+
+    def load(self, file: str) -> None:
+        if not file:
+            raise ValueError("/load needs a FILE")
+        path = Path(file).expanduser()
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ValueError(f"{file}: no such file") from None
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ValueError(f"{file} is not valid JSON: {e}") from None
+        try:
+            self.chat.load(data)
+        except ValueError as e:
+            raise ValueError(f"{file}: {e}") from None
+        self.out.print(f"loaded {len(self.chat.messages())} messages from {common.escape(file)} "
+                       f"({self.chat.used()} tokens)")
+
+
+def cmd_chat(args: argparse.Namespace, out: Console) -> int:
+    from nexttok.loading import load_checkpoint
+
+    if args.context is not None and args.context < 2:
+        raise ValueError(f"--context must be >= 2, got {args.context}")
+    common.sampling_params(args)  # bad flags fail before the model loads
+    Console(stderr=True).print(f"[dim]loading {common.escape(args.model)} ...[/]")
+    checkpoint = load_checkpoint(args.model, dtype=args.dtype, device=args.device, compile=args.compile)
+    session = ChatSession(checkpoint, args.model, args, out)
+    with contextlib.suppress(ImportError):  # not on every platform; plain input() still works
+        import readline  # noqa: F401  (importing it gives input() line editing and history)
+    return session.repl()
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("chat", help="talk with a model, turn by turn (its chat template, streamed)")
+    p.add_argument("model", nargs="?", default=DEFAULT_MODEL, metavar="MODEL",
+                   help="a checkpoint directory, a .gguf file, a bundled model name or a hub id "
+                   f"(default: the bundled {DEFAULT_MODEL}); it must have a chat template")
+    p.add_argument("--system", default=None, help="the system prompt (/set system changes it)")
+    p.add_argument("--context", type=int, default=None,
+                   help="tokens of context window to use (default: the model's)")
+    p.add_argument("--max-tokens", type=int, default=512, help="longest answer, kept free in the context "
+                   "(default %(default)s)")
+    p.add_argument("--temperature", type=float, default=common.CLI_SAMPLING["temperature"],
+                   help="0 = greedy (default %(default)s)")
+    p.add_argument("--top-k", type=int, default=common.CLI_SAMPLING["top_k"], help="0 = off (default %(default)s)")
+    p.add_argument("--top-p", type=float, default=common.CLI_SAMPLING["top_p"], help="(default %(default)s)")
+    p.add_argument("--min-p", type=float, default=common.CLI_SAMPLING["min_p"], help="(default %(default)s)")
+    p.add_argument("--repetition-penalty", type=float, default=common.CLI_SAMPLING["repetition_penalty"])
+    p.add_argument("--seed", type=int, default=None, help="same seed, same answers")
+    p.add_argument("--dtype", default=None, help=common.DTYPE_HELP)
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    p.add_argument("--compile", action="store_true", help=common.COMPILE_HELP)
+    p.set_defaults(func=cmd_chat)
