@@ -60,6 +60,7 @@ class ChatTemplate:
         # A template that never mentions tool_calls would drop an assistant's past calls silently;
         # for those the calls are written into the message's text instead (see _tool_calls_text).
         self.renders_tool_calls = "tool_calls" in source
+        self.accepts_tools = "tools" in source.replace("tool_calls", "")  # reads a `tools` list
 
     @classmethod
     def from_directory(cls, directory: str | Path) -> ChatTemplate | None:

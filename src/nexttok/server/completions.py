@@ -15,9 +15,10 @@ from nexttok.parameters import DIALS
 from nexttok.sampling import SamplingParams
 from nexttok.server.engine import ServedModel, find_served
 from nexttok.server.errors import APIError
-from nexttok.server.responses import ChatFormat, CompletionFormat, ResponseFormat
+from nexttok.server.responses import ChatFormat, CompletionFormat, ResponseFormat, ToolCallFormat
 from nexttok.server.schemas import ChatRequest, CompletionRequest, OutputFormat, SamplingFields
 from nexttok.server.streaming import Run, respond
+from nexttok.tools import Tool, parse_choice, parse_tools, reply_schema, with_tools
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -30,7 +31,7 @@ class GenerationPlan:
     max_tokens: int | None  # None: until a stop or the context window is full
     stop: tuple[str, ...]
     top_n: int = 0  # top alternatives (logprobs) recorded per token
-    output: OutputFormat | None = None  # response_format: each choice gets its own grammar stage
+    schema: dict | None = None  # the JSON schema the output follows (response_format, tools): a grammar stage
 
     @classmethod
     def of(cls, body: SamplingFields, max_tokens: int | None, top_n: int) -> GenerationPlan:
@@ -41,11 +42,8 @@ class GenerationPlan:
         if given.get("top_k") == -1:  # vLLM's "off"
             given["top_k"] = 0
         bias = {int(key): value for key, value in (body.logit_bias or {}).items()}
-        output = body.response_format
-        if output is not None and output.type == "json_schema" and output.json_schema is None:
-            raise InvalidParameter("response_format", "response_format of type json_schema needs a json_schema")
         return cls(SamplingParams(**given, logit_bias=bias, seed=body.seed), max_tokens, stop, top_n,
-                   None if output is None or output.type == "text" else output)
+                   _output_schema(body.response_format))
 
     def params_for_choice(self, index: int) -> SamplingParams:
         """Choice i of a seeded request uses seed + i: distinct choices, each reproducible."""
@@ -61,13 +59,21 @@ class GenerationPlan:
 
     def constraint(self, served: ServedModel) -> Constraint | None:
         """A new grammar stage for one choice (a matcher follows one text), or None."""
-        if self.output is None:
+        if self.schema is None:
             return None
-        config, tokenizer = served.model.config, served.tokenizer
-        if self.output.type == "json_object":
-            return Constraint.json_object(tokenizer, config.vocab_size, config.eos_token_id)
-        return Constraint.json_schema(tokenizer, config.vocab_size, self.output.json_schema.schema_,
-                                      config.eos_token_id)
+        config = served.model.config
+        return Constraint.json_schema(served.tokenizer, config.vocab_size, self.schema, config.eos_token_id)
+
+
+def _output_schema(output: OutputFormat | None) -> dict | None:
+    """The schema of response_format: json_object = any object; text (or none) = no constraint."""
+    if output is None or output.type == "text":
+        return None
+    if output.type == "json_object":
+        return {"type": "object"}
+    if output.json_schema is None:
+        raise InvalidParameter("response_format", "response_format of type json_schema needs a json_schema")
+    return output.json_schema.schema_
 
 
 def install_generation_routes(app: FastAPI) -> None:
@@ -89,10 +95,19 @@ def install_generation_routes(app: FastAPI) -> None:
                            param="messages", code="no_chat_template")
         if body.top_logprobs is not None and not body.logprobs:
             raise InvalidParameter("top_logprobs", "top_logprobs requires logprobs to be true")
-        ids = _prompt_ids(served, served.tokenizer.encode(served.chat_template.render(body.messages)))
+        tools, choice = _tools_of(body)
+        messages, extra = body.messages, {}
+        if tools:
+            messages = with_tools(messages, tools, choice)
+            if served.chat_template.accepts_tools:
+                extra["tools"] = body.tools
+        ids = _prompt_ids(served, served.tokenizer.encode(served.chat_template.render(messages, **extra)))
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         plan = GenerationPlan.of(body, max_tokens, top_n=(body.top_logprobs or 0) if body.logprobs else 0)
-        fmt = ChatFormat(served.name, served.tokenizer, logprobs=body.logprobs, top_logprobs=body.top_logprobs or 0)
+        if tools:
+            plan = replace(plan, schema=reply_schema(tools, choice, body.parallel_tool_calls is not False))
+        kind = ToolCallFormat if tools else ChatFormat
+        fmt = kind(served.name, served.tokenizer, logprobs=body.logprobs, top_logprobs=body.top_logprobs or 0)
         return await _respond(served, body, [(ids, k) for k in range(body.n)], plan, fmt)
 
 
@@ -106,6 +121,22 @@ async def _respond(served: ServedModel, body: SamplingFields, jobs: Sequence[tup
             for ids, index in jobs]
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return await respond(runs, fmt, stream=body.stream, include_usage=include_usage)
+
+
+def _tools_of(body: ChatRequest) -> tuple[list[Tool], str | Tool]:
+    """The tools the model may call and tool_choice ([] when it may call none)."""
+    if body.tools is None:
+        if body.tool_choice not in (None, "none"):
+            raise InvalidParameter("tool_choice", "tool_choice needs tools")
+        return [], "none"
+    tools = parse_tools(body.tools)
+    choice = parse_choice(body.tool_choice, tools)
+    if choice == "none":
+        return [], "none"
+    if body.response_format is not None and body.response_format.type != "text":
+        raise InvalidParameter("response_format", "response_format cannot be combined with tools "
+                               "(tool calls already follow a JSON schema)")
+    return tools, choice
 
 
 def _completion_prompts(served: ServedModel, prompt: str | list[int] | list[str]) -> list[list[int]]:

@@ -7,6 +7,7 @@ import uuid
 from dataclasses import dataclass
 
 from nexttok.generate import Step
+from nexttok.tools import read_reply
 
 
 @dataclass
@@ -138,4 +139,32 @@ class ChatFormat(ResponseFormat):
         delta = {"content": step.text} if step.text or not step.finish_reason else {}
         choice = {"index": index, "delta": delta, "logprobs": self._logprobs([step]),
                   "finish_reason": step.finish_reason}
+        return {**self._envelope(self.chunk_object), "choices": [choice]}
+
+
+class ToolCallFormat(ChatFormat):
+    """/v1/chat/completions with tools: the reply (JSON in tools.py's format) read back into
+    OpenAI's `tool_calls` (finish_reason "tool_calls") or `content`. A stream holds the JSON back
+    and sends the calls (or the content) in the choice's last chunk, once the reply is whole."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.held: dict[int, list[str]] = {}
+
+    def choice(self, index: int, steps) -> dict:
+        content, calls = read_reply("".join(s.text for s in steps))
+        message = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
+        return {"index": index, "message": message, "logprobs": self._logprobs(steps),
+                "finish_reason": "tool_calls" if calls else steps[-1].finish_reason}
+
+    def step_chunk(self, index: int, step, offset: int) -> dict | None:
+        held = self.held.setdefault(index, [])
+        held.append(step.text)
+        if not step.finish_reason:
+            return None
+        content, calls = read_reply("".join(held))
+        delta = ({"tool_calls": [{"index": k, **call} for k, call in enumerate(calls)]} if calls
+                 else {"content": content})
+        choice = {"index": index, "delta": delta, "logprobs": None,
+                  "finish_reason": "tool_calls" if calls else step.finish_reason}
         return {**self._envelope(self.chunk_object), "choices": [choice]}

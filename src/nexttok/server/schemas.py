@@ -81,6 +81,9 @@ class CompletionRequest(SamplingFields):
 
 class ChatRequest(SamplingFields):
     messages: Annotated[list[dict[str, Any]], Field(min_length=1)]
+    tools: Annotated[list[dict[str, Any]], Field(min_length=1, max_length=64)] | None = None
+    tool_choice: Literal["auto", "none", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, description="needs logprobs: true")
