@@ -9,6 +9,11 @@ VOCAB = 128
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
               intermediate_size=96, max_position_embeddings=256)
 
+PHI3_IDS = dict(bos_token_id=1, eos_token_id=2, pad_token_id=0)  # Phi3Config's defaults lie outside VOCAB
+PHI3_LONGROPE = dict(max_position_embeddings=64, original_max_position_embeddings=32, rope_scaling={
+    "rope_type": "longrope", "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
+    "long_factor": [1.2, 1.9, 2.8, 4.0, 5.5, 7.3, 9.4, 12.0]})
+
 # name -> (HF config class name, kwargs)
 SPECS = {
     "gpt2": ("GPT2Config", dict(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=128,
@@ -27,6 +32,33 @@ SPECS = {
     "mistral": ("MistralConfig", dict(COMMON, num_key_value_heads=2, sliding_window=5)),
     "llama_long_context": ("LlamaConfig", dict(COMMON, num_key_value_heads=2, max_position_embeddings=4096,
                                                bos_token_id=50256, eos_token_id=50256)),
+    # q/k norms; head_dim apart from hidden / heads
+    "qwen3": ("Qwen3Config", dict(COMMON, num_key_value_heads=2, head_dim=32)),
+    "qwen3_sliding_bias_tied": ("Qwen3Config", dict(
+        COMMON, num_key_value_heads=1, head_dim=16, use_sliding_window=True, sliding_window=6, max_window_layers=1,
+        attention_bias=True, tie_word_embeddings=True)),
+    # fused qkv_proj / gate_up_proj tensors, a window on every layer (as Phi-3-mini-4k)
+    "phi3": ("Phi3Config", dict(COMMON, num_key_value_heads=2, sliding_window=7, **PHI3_IDS)),
+    # LongRoPE within the original context (the long factors: test_architectures.py), and
+    # partial rotary + tied embeddings as Phi-4-mini
+    "phi3_longrope": ("Phi3Config", dict(COMMON, num_key_value_heads=2, **PHI3_LONGROPE, **PHI3_IDS)),
+    "phi3_partial_rotary_tied": ("Phi3Config", dict(
+        COMMON, num_key_value_heads=1, tie_word_embeddings=True, **PHI3_IDS,
+        **dict(PHI3_LONGROPE, rope_scaling=dict(PHI3_LONGROPE["rope_scaling"], partial_rotary_factor=0.5,
+                                                short_factor=[1.0, 1.3, 1.9, 2.2], long_factor=[1.1, 2.0, 4.0, 8.0])))),
+    # head_dim 256 as the real models, local/global layers with their own RoPE (global: linear
+    # scaling as gemma-3-4b), a window the tests' prompts exceed
+    "gemma3": ("Gemma3TextConfig", dict(
+        COMMON, num_key_value_heads=1, head_dim=256, sliding_window=5, num_hidden_layers=3,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"], query_pre_attn_scalar=256,
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                         "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 10000.0}})),
+    # query_pre_attn_scalar != head_dim (as gemma-3-27b), final logit soft-capping, untied;
+    # attn_logit_softcapping set, which HF's Gemma 3 ignores (and so do we)
+    "gemma3_softcap_scalar": ("Gemma3TextConfig", dict(
+        COMMON, num_key_value_heads=2, head_dim=32, sliding_window=6,
+        layer_types=["full_attention", "sliding_attention"], query_pre_attn_scalar=24,
+        final_logit_softcapping=3.0, attn_logit_softcapping=1.0, tie_word_embeddings=False)),
 }
 
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content']"

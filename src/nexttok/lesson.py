@@ -17,7 +17,6 @@ import torch.nn.functional as F
 from nexttok.errors import InvalidParameter
 from nexttok.models import Model
 from nexttok.models.attention import AttentionCapture
-from nexttok.models.llama import rope_inverse_frequencies
 from nexttok.tokenizer import Tokenizer
 
 INSPECT_MAX = 256  # tokens one inspection covers: its T x T weights per layer and head stay small
@@ -172,8 +171,8 @@ def positions(model: Model, count: int, distance: int) -> dict:
     config = model.config
     if model.POSITIONS == "learned":
         count = min(count, config.max_position_embeddings)
-        return {"kind": "learned", "similarity": cosine_matrix(model.wpe.weight[:count])}
-    frequencies = rope_inverse_frequencies(config).double()  # (hd/2,) radians per position
+        return {"kind": "learned", "similarity": cosine_matrix(model.wpe.weight[:count].detach())}
+    frequencies = model.inverse_frequencies().double()  # (rotated dims / 2,) radians per position
     steps = torch.arange(count, dtype=torch.float64)
     angles = torch.remainder(steps[:, None] * frequencies[None], 2 * math.pi)  # (count, hd/2)
     d = torch.arange(distance + 1, dtype=torch.float64)

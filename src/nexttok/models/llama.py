@@ -6,6 +6,10 @@ Attention uses rotary position embeddings (RoPE) on q and k, grouped-query heads
 heads share one key/value head), optional q/k/v bias (Qwen2) and sliding windows (Mistral).
 Module names follow the HF checkpoint ("model." prefix aside), except that q/k/v and gate/up are
 each one fused matmul (fused.py); the loaders stack the checkpoint's parts.
+
+Variants in files of their own swap one part and keep the rest: Qwen3 (qwen3.py) the attention,
+Phi-3 (phi3.py) the attention, the MLP and the RoPE (DecoderLayer.attention_class / mlp_class,
+Llama.LAYER, Llama.rope).
 """
 
 from __future__ import annotations
@@ -103,12 +107,16 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    # the parts a variant of the family swaps (qwen3.py: q/k norms; phi3.py: fused checkpoint tensors)
+    attention_class: type[nn.Module] = Attention
+    mlp_class: type[nn.Module] = MLP
+
     def __init__(self, config: ModelConfig, layer_idx: int):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.norm_eps)
-        self.self_attn = Attention(config, layer_idx)
+        self.self_attn = self.attention_class(config, layer_idx)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.norm_eps)
-        self.mlp = MLP(config)
+        self.mlp = self.mlp_class(config)
 
     def forward(self, x, cos, sin, masks, cache, capture):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, masks, cache, capture)
@@ -121,12 +129,13 @@ class Llama(nn.Module):
     CHECKPOINT_PREFIX = "model."
     UNPREFIXED = ("lm_head.",)
     TRANSPOSED: tuple[str, ...] = ()
+    LAYER: type[nn.Module] = DecoderLayer  # a variant's own layer (qwen3.py, phi3.py)
 
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(self.LAYER(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
@@ -157,18 +166,26 @@ class Llama(nn.Module):
         q_pos = positions_for(ids, cache, positions, self.config.max_position_embeddings)
         k_pos, contiguous = keys_for(q_pos, cache, explicit=positions is not None)  # (B, S)
         masks = masks_for(q_pos, k_pos, self._windows, contiguous, cache)
-        rows = q_pos.clamp(min=0)
         x = self.embed(ids)  # (B, T, hidden)
-        cos = self.rope_cos[rows].to(x.dtype)[:, :, None]  # (B, T, 1, hd/2)
-        sin = self.rope_sin[rows].to(x.dtype)[:, :, None]
+        rope = self.rope(q_pos, x.dtype)  # cos, sin (B, T, 1, hd/2)
         if self.compiled is not None and self.compiled.takes(ids, cache, capture):
             layer_masks = [masks[layer.self_attn.window] for layer in self.layers]
-            x = self.compiled.run(self.layers, x, (cos, sin), layer_masks, cache)
+            x = self.compiled.run(self.layers, x, rope, layer_masks, cache)
         else:
-            x = self._layers(x, (cos, sin), masks, cache, capture)
+            x = self._layers(x, rope, masks, cache, capture)
         if last_only:
             x = x[:, -1:]
         return self.head(x)
+
+    def inverse_frequencies(self) -> torch.Tensor:
+        """Radians per position of each rotated pair of dimensions (head_dim // 2,)."""
+        return rope_inverse_frequencies(self.config)
+
+    def rope(self, q_pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin (B, T, 1, hd/2) of the angles at positions q_pos (B, T); padding (-1) gets
+        position 0's."""
+        rows = q_pos.clamp(min=0)
+        return self.rope_cos[rows].to(dtype)[:, :, None], self.rope_sin[rows].to(dtype)[:, :, None]
 
     def _layers(self, x, rope, masks, cache, capture):
         if capture is not None:

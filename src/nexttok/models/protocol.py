@@ -27,12 +27,19 @@ class Model(Protocol):
     def __call__(self, ids: torch.Tensor, cache: Cache | None = None, positions: torch.Tensor | None = None,
                  *, capture: AttentionCapture | None = None, last_only: bool = False) -> torch.Tensor: ...
 
+    def inverse_frequencies(self) -> torch.Tensor:
+        """RoPE models: each rotated pair's angle per position (radians), as the model uses it
+        (the global layers' where local layers have their own)."""
+        ...
+
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """Token embeddings (B, T, hidden): rows of the embedding matrix, before any position."""
+        """Token embeddings (B, T, hidden): rows of the embedding matrix times any scale the
+        architecture applies (Gemma: √hidden), before any position is added."""
         ...
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits (..., vocab) from a residual stream (..., hidden): final norm, then lm_head."""
+        """Logits (..., vocab) from a residual stream (..., hidden): final norm, then lm_head (and
+        the soft cap, where the architecture has one): what forward returns for the last layer."""
         ...
 
     def parameters(self) -> Iterator[torch.nn.Parameter]: ...

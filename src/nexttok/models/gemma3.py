@@ -1,0 +1,199 @@
+"""Gemma 3, text only: Gemma3ForCausalLM, model_type gemma3_text (gemma-3-270m, gemma-3-1b).
+
+ids ─embed_tokens·√hidden→ x ─N × [x += post_attention_norm(attn(input_norm(x)));
+                                   x += post_feedforward_norm(GeGLU(pre_feedforward_norm(x)))]
+    ─norm─lm_head→ logits ─cap·tanh(logits / cap), where final_logit_softcapping is set
+
+Local and global layers (config.layer_types; by default five local, then one global): a local
+layer attends over the last sliding_window keys and rotates q and k with RoPE theta
+rope_local_base_freq (10k); a global one attends over every key with theta rope_theta (1M) and
+its rope_scaling, where set. Attention: grouped-query heads, an RMSNorm on every q and k head,
+scores scaled by 1/√query_pre_attn_scalar. GeGLU: down(gelu_tanh(gate(x)) * up(x)). Gemma's
+RMSNorm stores its weight as an offset from 1 and computes in float32 throughout.
+
+attn_logit_softcapping is not applied: Gemma 3 replaced it by the q/k norms, and HF transformers'
+Gemma 3 ignores it too. Module names follow the checkpoint, but for q/k/v and gate/up, each one
+fused matmul (fused.py; the loaders stack the checkpoint's parts).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nexttok.cache import Cache
+from nexttok.config import ModelConfig
+from nexttok.models.attention import AttentionCapture, attend_cached, keys_for, masks_for, positions_for
+from nexttok.models.compiled import CompiledDecode
+from nexttok.models.fused import FusedLinear
+from nexttok.models.llama import apply_rope, rope_inverse_frequencies
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * (1 + weight), all in float32, back in x's dtype."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x.float()
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * (1.0 + self.weight.float())).to(x.dtype)
+
+
+def rotation(q_pos: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin (B, T, 1, hd/2) of the angles at positions q_pos (B, T); padding (-1) gets
+    position 0's. Computed per call in float32, as the reference does: no table to hold."""
+    angles = q_pos.clamp(min=0).float()[..., None] * inv_freq  # (B, T, hd/2)
+    return angles.cos().to(dtype)[:, :, None], angles.sin().to(dtype)[:, :, None]
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_head, self.n_kv_head, self.head_dim = (
+            config.num_attention_heads, config.num_key_value_heads, config.head_dim)
+        hidden, bias = config.hidden_size, config.attention_bias
+        q_rows, kv_rows = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
+        self.qkv_proj = FusedLinear(hidden, {"q_proj": q_rows, "k_proj": kv_rows, "v_proj": kv_rows}, bias)
+        self.o_proj = nn.Linear(q_rows, hidden, bias=bias)
+        self.q_norm = RMSNorm(self.head_dim, config.norm_eps)  # over each head's head_dim
+        self.k_norm = RMSNorm(self.head_dim, config.norm_eps)
+        self.sliding = config.layer_types[layer_idx] == "sliding_attention"
+        self.window = config.sliding_window if self.sliding else None
+        # the kernels scale scores by 1/√head_dim, Gemma by 1/√query_pre_attn_scalar: q makes up
+        # the difference (1 when the two are equal, as in gemma-3-270m and 1b)
+        self.q_scale = math.sqrt(self.head_dim / (config.query_pre_attn_scalar or self.head_dim))
+
+    def forward(self, x, cos, sin, masks, cache, capture):
+        b, t, _ = x.shape
+        heads = self.qkv_proj(x).view(b, t, -1, self.head_dim)  # (B, T, n_head + 2 n_kv, hd)
+        q = self.q_norm(heads[:, :, : self.n_head])  # (B, T, n_head, hd)
+        k = self.k_norm(heads[:, :, self.n_head : self.n_head + self.n_kv_head])  # (B, T, n_kv, hd)
+        q = apply_rope(q, cos, sin).transpose(1, 2)  # (B, n_head, T, hd)
+        k = apply_rope(k, cos, sin).transpose(1, 2)  # (B, n_kv, T, hd)
+        if self.q_scale != 1.0:
+            q = q * self.q_scale
+        v = heads[:, :, self.n_head + self.n_kv_head :].transpose(1, 2)  # (B, n_kv, T, hd)
+        y = attend_cached(q, k, v, self.layer_idx, masks[self.window], cache, capture)  # (B, n_head, T, hd)
+        return self.o_proj(y.transpose(1, 2).reshape(b, t, self.n_head * self.head_dim))
+
+
+class MLP(nn.Module):
+    """GeGLU: down(gelu_tanh(gate(x)) * up(x))."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        hidden, inner = config.hidden_size, config.intermediate_size
+        self.gate_up_proj = FusedLinear(hidden, {"gate_proj": inner, "up_proj": inner}, False)
+        self.down_proj = nn.Linear(inner, hidden, bias=False)
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int):
+        super().__init__()
+        hidden, eps = config.hidden_size, config.norm_eps
+        self.input_layernorm = RMSNorm(hidden, eps)
+        self.self_attn = Attention(config, layer_idx)
+        self.post_attention_layernorm = RMSNorm(hidden, eps)
+        self.pre_feedforward_layernorm = RMSNorm(hidden, eps)
+        self.mlp = MLP(config)
+        self.post_feedforward_layernorm = RMSNorm(hidden, eps)
+
+    def forward(self, x, cos, sin, local_cos, local_sin, masks, cache, capture):
+        """cos, sin: the global layers' rotation; local_cos, local_sin: the local layers'."""
+        if self.self_attn.sliding:
+            cos, sin = local_cos, local_sin
+        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, masks, cache, capture))
+        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+
+
+class Gemma3(nn.Module):
+    # checkpoint tensor name = CHECKPOINT_PREFIX + our name, except names starting with UNPREFIXED
+    POSITIONS = "rope"  # rotary: q and k rotated by position (RoPE)
+    CHECKPOINT_PREFIX = "model."
+    UNPREFIXED = ("lm_head.",)
+    TRANSPOSED: tuple[str, ...] = ()
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights()
+        self._windows = {layer.self_attn.window for layer in self.layers}
+        self.compiled: CompiledDecode | None = None  # compiled.compile_decode turns it on
+        if not self.norm.weight.is_meta:  # on the meta device the loader calls it once weights are in
+            self.init_buffers()
+
+    def tie_weights(self) -> None:
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def init_buffers(self) -> None:
+        """The inverse frequencies (head_dim // 2,) of global and local layers, on the weights'
+        device. Plain attributes, not buffers, so they stay float32 whatever the model is cast
+        to: an angle position * frequency in bfloat16 would be off by radians at long positions."""
+        device = self.norm.weight.device
+        local = replace(self.config, rope_theta=self.config.rope_local_base_freq or self.config.rope_theta,
+                        rope_scaling=None)
+        self.inv_freq = rope_inverse_frequencies(self.config).to(device)
+        self.inv_freq_local = rope_inverse_frequencies(local).to(device)
+
+    def inverse_frequencies(self) -> torch.Tensor:
+        """Radians per position of each rotated pair of dimensions (head_dim // 2,), global layers."""
+        return self.inv_freq
+
+    def forward(self, ids: torch.Tensor, cache: Cache | None = None, positions: torch.Tensor | None = None,
+                *, capture: AttentionCapture | None = None, last_only: bool = False) -> torch.Tensor:
+        """ids (B, T) -> logits (B, T, vocab). positions (B, T), -1 = padding; default: next ones.
+        last_only: logits of the last position only (B, 1, vocab), all a generation step needs.
+        capture: records what a viewer asks for (attention weights) on the way."""
+        q_pos = positions_for(ids, cache, positions, self.config.max_position_embeddings)
+        k_pos, contiguous = keys_for(q_pos, cache, explicit=positions is not None)  # (B, S)
+        masks = masks_for(q_pos, k_pos, self._windows, contiguous, cache)
+        x = self.embed(ids)  # (B, T, hidden)
+        rope = (*rotation(q_pos, self.inv_freq, x.dtype), *rotation(q_pos, self.inv_freq_local, x.dtype))
+        if self.compiled is not None and self.compiled.takes(ids, cache, capture):
+            layer_masks = [masks[layer.self_attn.window] for layer in self.layers]
+            x = self.compiled.run(self.layers, x, rope, layer_masks, cache)
+        else:
+            x = self._layers(x, rope, masks, cache, capture)
+        if last_only:
+            x = x[:, -1:]
+        return self.head(x)
+
+    def _layers(self, x, rope, masks, cache, capture):
+        if capture is not None:
+            capture.residual(x)
+        for layer in self.layers:
+            x = layer(x, *rope, masks, cache, capture)
+            if capture is not None:
+                capture.residual(x)
+        return x
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings (B, T, hidden): rows of the embedding matrix times √hidden, the scale
+        rounded to the rows' dtype as the reference does (lm_head, tied, uses the rows unscaled)."""
+        x = self.embed_tokens(ids)
+        return x * torch.tensor(self.config.hidden_size**0.5, dtype=x.dtype)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits from a residual stream (..., hidden): the final norm, lm_head, then the soft cap
+        cap·tanh(logits / cap) where final_logit_softcapping is set."""
+        logits = self.lm_head(self.norm(x))
+        cap = self.config.final_logit_softcapping
+        return logits if cap is None else torch.tanh(logits / cap) * cap
