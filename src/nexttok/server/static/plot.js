@@ -31,7 +31,8 @@ const Plot = (() => {
     const flat = matrix.flat();
     const max = options.max ?? Math.max(...flat.map(Math.abs), 1e-12);
     const signed = options.signed ?? flat.some((v) => v < 0);
-    const root = svg(label + cols * cell + 2, top + rows * cell + 2);
+    const slant = Math.ceil(top / 2);  // column labels lean right, past the last column
+    const root = svg(label + cols * cell + 2 + slant, top + rows * cell + 2);
     matrix.forEach((row, i) => row.forEach((v, j) => {
       const t = Math.min(1, Math.abs(v) / max);
       const colour = signed && v < 0 ? `rgba(220, 38, 38, ${t.toFixed(3)})` : `rgba(37, 99, 235, ${t.toFixed(3)})`;
@@ -148,5 +149,34 @@ const Plot = (() => {
     return root;
   }
 
-  return { heatmap, lines, scatter, bar, fmt };
+  // The colour scale of a heatmap drawn with the same max and signed: 0 is blank, |v| = max is full
+  // colour (blue; red below 0 when signed). options: max, signed, label (what the colour stands for).
+  let gradients = 0;  // ids of <linearGradient> must be unique in the document
+  function legend(container, options = {}) {
+    const width = 260, max = options.max ?? 1, signed = options.signed ?? false, id = `plot-scale-${++gradients}`;
+    const root = svg(width, options.label ? 44 : 30);
+    root.classList.add("legend");
+    root.setAttribute("width", width);  // a scale stays its own size; plots grow with the page
+    const blue = "37, 99, 235", red = "220, 38, 38";
+    const stops = signed ? [[0, red, 1], [0.5, red, 0], [0.5, blue, 0], [1, blue, 1]] : [[0, blue, 0], [1, blue, 1]];
+    const gradient = el("linearGradient", { id });
+    for (const [offset, rgb, alpha] of stops) {
+      gradient.append(el("stop", { offset, "stop-color": `rgb(${rgb})`, "stop-opacity": alpha }));
+    }
+    const defs = el("defs");
+    defs.append(gradient);
+    root.append(defs, el("rect", { x: 1, y: 1, width: width - 2, height: 12, fill: `url(#${id})`, stroke: "#cbd5e1",
+                                   class: "scale", "data-max": max, "data-signed": signed }));
+    const ticks = signed ? [[-max, 0], [0, 0.5], [max, 1]] : [[0, 0], [max, 1]];
+    for (const [v, at] of ticks) {
+      root.append(el("text", { x: Math.min(Math.max(at * width, 14), width - 14), y: 26, "text-anchor": "middle",
+                               "font-size": 11, fill: "#6b7280" }, fmt(v)));
+    }
+    if (options.label) root.append(el("text", { x: width / 2, y: 40, "text-anchor": "middle", "font-size": 11 },
+                                      options.label));
+    container.replaceChildren(root);
+    return root;
+  }
+
+  return { heatmap, lines, scatter, bar, legend, fmt };
 })();
