@@ -1,6 +1,10 @@
-"""Grammar → token-mask libraries side by side on the default model's vocabulary (49,152 tokens).
+"""Grammar → token-mask libraries side by side on the default model's vocabulary (49,152 tokens),
+then nexttok's grammar stage on the default model itself.
 
-    .venv/bin/python bench/grammar.py [--repeat 3]
+    .venv/bin/python bench/grammar.py [--repeat 3]        libraries (pip install xgrammar outlines-core
+                                                           to compare; llguidance is nexttok's)
+    .venv/bin/python bench/grammar.py --overhead          decode step with vs without the stage
+    .venv/bin/python bench/grammar.py --validate          20 schemas through the openai client
 
 For each library (llguidance, xgrammar, outlines-core) and each JSON schema of a small set: the time
 to build its view of the vocabulary, to compile the schema, and per generated token the time to
@@ -14,7 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -131,11 +137,80 @@ def measure(engine, tokenizer, schema, document) -> tuple[float, float]:
     return compiled, statistics.median(times)
 
 
+def overhead(repeat: int) -> None:
+    """Median decode step of the default model with and without a JSON-schema grammar stage,
+    interleaved (the machine is shared: one process, alternating runs)."""
+    from nexttok.generate import stream
+    from nexttok.grammar import Constraint
+    from nexttok.loading import load_checkpoint
+    from nexttok.sampling import SamplingParams
+
+    checkpoint = load_checkpoint(DEFAULT_MODEL)
+    model, tokenizer, config = checkpoint.model, checkpoint.tokenizer, checkpoint.model.config
+    prompt = checkpoint.chat_template.render([{"role": "user", "content": "Describe a scientist as JSON."}])
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "field": {"type": "string"},
+                                               "born": {"type": "integer"}, "awards": {"type": "array",
+                                                                                      "items": {"type": "string"}}}}
+    medians: dict[str, list[float]] = {"plain": [], "grammar": []}
+    for _ in range(repeat):
+        for kind in medians:
+            constraint = (Constraint.json_schema(tokenizer, config.vocab_size, schema, config.eos_token_id)
+                          if kind == "grammar" else None)
+            steps = list(stream(model, tokenizer, prompt, SamplingParams(temperature=0.7, seed=1), max_tokens=64,
+                                stop_token_ids=[] if constraint is None else None, constraint=constraint))
+            medians[kind].append(statistics.median(s.elapsed for s in steps[1:]) * 1000)
+    plain, grammar = statistics.median(medians["plain"]), statistics.median(medians["grammar"])
+    print(f"decode step, median of {repeat} runs (ms): plain {plain:.2f} {_range(medians['plain'])}, "
+          f"grammar {grammar:.2f} {_range(medians['grammar'])}; overhead {100 * (grammar / plain - 1):+.1f}%")
+
+
+def _range(values: list[float]) -> str:
+    return f"[{min(values):.2f}-{max(values):.2f}]"
+
+
+def validate(temperature: float) -> None:
+    """The 20 schemas of tests/json_schemas.py on the default model through the official openai
+    client against an in-process server: how many outputs parse and validate (jsonschema)."""
+    import jsonschema
+    import openai
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from json_schemas import SCHEMAS
+    from live_server import LiveServer
+    from nexttok.server import create_app, load_served
+
+    served = load_served(DEFAULT_MODEL)
+    good = 0
+    with LiveServer(create_app([served])) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+        for seed, (name, prompt, schema) in enumerate(SCHEMAS):
+            done = client.chat.completions.create(
+                model=served.name, messages=[{"role": "user", "content": prompt + " Answer in JSON."}],
+                temperature=temperature, seed=seed, max_tokens=400,
+                response_format={"type": "json_schema", "json_schema": {"name": name, "schema": schema}})
+            text = done.choices[0].message.content
+            try:
+                jsonschema.validate(json.loads(text), schema)
+                good += 1
+                verdict = "ok"
+            except (ValueError, jsonschema.ValidationError) as e:
+                verdict = f"INVALID ({type(e).__name__})"
+            print(f"{name:<12} {verdict:<10} {done.choices[0].finish_reason:<6} {text[:100]}")
+    print(f"{good}/{len(SCHEMAS)} outputs parse and validate (temperature {temperature})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--overhead", action="store_true", help="decode step with vs without the grammar stage")
+    parser.add_argument("--validate", action="store_true", help="20 schemas through the openai client")
+    parser.add_argument("--temperature", type=float, default=0.7)
     args = parser.parse_args()
     torch.set_num_threads(2)
+    if args.overhead:
+        return overhead(args.repeat)
+    if args.validate:
+        return validate(args.temperature)
     tokenizer = load_tokenizer(DEFAULT_MODEL)
     tokens, eos = vocabulary(tokenizer), 0
     print(f"vocabulary: {len(tokens)} tokens ({DEFAULT_MODEL})")
@@ -146,6 +221,9 @@ def main() -> None:
             engine = cls(tokenizer, tokens, eos)
             built = time.perf_counter() - start
             runs = [[measure(engine, tokenizer, s, d) for s, d in SCHEMAS] for _ in range(args.repeat)]
+        except ImportError:
+            print(f"{cls.name:<14} not installed (pip install {cls.name})")
+            continue
         except Exception as e:  # a library that cannot run this vocabulary is reported, not fatal
             print(f"{cls.name:<14} failed: {type(e).__name__}: {str(e)[:200]}")
             continue

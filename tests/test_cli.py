@@ -127,3 +127,12 @@ def test_hostile_inputs_get_one_line_errors(capsys, tiny_dir, tmp_path):
                             capture_output=True)
     assert result.returncode == 2
     assert result.stderr.decode().strip() == "error: standard input is not valid UTF-8 (byte 3: b'\\xff')"
+
+
+@pytest.mark.parametrize("command", ["tokenize", "run", "chat", "explain", "neighbors", "serve", "bench", "models",
+                                     "convert"])
+def test_every_help_prints(capsys, command):
+    """argparse formats help with %: a bare % in a help text crashed `serve --help`."""
+    with pytest.raises(SystemExit) as done:
+        main([command, "--help"])
+    assert done.value.code == 0 and "usage: nexttok" in capsys.readouterr().out
