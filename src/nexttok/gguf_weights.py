@@ -10,8 +10,8 @@
     dtype int8 / int4                → dequantized, then quantized again our way (quant.py)
 
 The model runs in bfloat16 when its linear layers are quantized: the 4-bit and 8-bit kernels are
-fast with bfloat16 activations only. Fused projections (q/k/v, gate/up) stack their parts' groups
-before packing.
+fast with bfloat16 activations only; a file with no quantized tensor (F32/F16/BF16) runs in
+float32. Fused projections (q/k/v, gate/up) stack their parts' groups before packing.
 """
 
 from __future__ import annotations
@@ -31,11 +31,13 @@ from nexttok.models.fused import fused_parts
 from nexttok.quant import ACTIVATION, BITS, Int4Linear, Q8Embedding, int8_rows, quantized_linear
 from nexttok.weights import DTYPES, checkpoint_keys
 
+FLOAT_KINDS = ("F32", "F16", "BF16")
+
 
 def gguf_model(gguf: GGUFFile, config: ModelConfig, dtype: str | None, device: torch.device) -> nn.Module:
     """The model of a GGUF file; dtype None/"auto": as shipped (see above)."""
     as_shipped = _as_shipped(dtype, device)
-    floats = DTYPES.get(dtype, ACTIVATION)
+    floats = DTYPES.get(dtype) or (torch.float32 if _all_float(gguf) else ACTIVATION)
     tensors = {t.name: t for t in gguf.blocks()}
     model = build_model(config)
     tied = config.tie_word_embeddings
@@ -61,16 +63,22 @@ def gguf_model(gguf: GGUFFile, config: ModelConfig, dtype: str | None, device: t
     return model
 
 
+def _all_float(gguf: GGUFFile) -> bool:
+    """A file of F32/F16/BF16 tensors only (an unquantized export): it runs in float32."""
+    return all(entry.kind in FLOAT_KINDS for entry in gguf.entries)
+
+
 def _as_shipped(dtype: str | None, device: torch.device) -> bool:
     return dtype in (None, "auto") and device.type == "cpu"  # the 4-bit kernel runs on the CPU
 
 
 def gguf_weight_bytes(gguf: GGUFFile, dtype: str | None, device: torch.device) -> int:
     """About the bytes gguf_model's weights take, known before any is read: the file's own bytes
-    when kept as shipped (or requantized to int8/int4), each value at the float dtype otherwise."""
-    if _as_shipped(dtype, device) or dtype in BITS:
+    when kept as shipped (or requantized to int8/int4), each value at the float dtype otherwise
+    (an unquantized file, F16 say, runs in float32)."""
+    if (_as_shipped(dtype, device) and not _all_float(gguf)) or dtype in BITS:
         return sum(entry.n_bytes for entry in gguf.entries)
-    size = DTYPES.get(dtype, ACTIVATION).itemsize
+    size = (DTYPES.get(dtype) or (torch.float32 if _all_float(gguf) else ACTIVATION)).itemsize
     return sum(math.prod(entry.dims) * size for entry in gguf.entries)
 
 

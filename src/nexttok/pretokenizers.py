@@ -1,7 +1,9 @@
 """Pre-tokenizers: each turns a list of strings into a finer list of strings, with HF semantics.
 
 BPE merges never cross the boundaries they draw: " Paris." -> [" Paris", "."] under GPT-2's regex.
-tokenizer_json builds them from a tokenizer.json's "pre_tokenizer" spec; the Tokenizer runs them.
+tokenizer_json builds them from a tokenizer.json's "pre_tokenizer" spec; the Tokenizer runs them,
+once per stretch of text between added tokens. at_start says whether the first string begins the
+whole input (HF: its original offset is 0), which Metaspace's prepend_scheme "first" depends on.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|
 # HF SplitDelimiterBehavior: what happens to the pieces a Split pattern matches
 SPLIT_BEHAVIORS = ("Isolated", "Removed", "MergedWithPrevious", "MergedWithNext", "Contiguous")
 
-PreTokenizer = Callable[[list[str]], list[str]]
+PreTokenizer = Callable[..., list[str]]  # (words: list[str], at_start: bool = True) -> words
+METASPACE = "\u2581"  # "▁", SentencePiece's visible space
+PREPEND_SCHEMES = ("always", "first", "never")
 
 
 def _split_isolated(pattern: regex.Pattern, text: str) -> list[str]:
@@ -81,13 +85,13 @@ def regex_split(pattern: str, behavior: str = "Isolated", invert: bool = False) 
         raise ValueError(f"Split behavior {behavior!r} is not one of {', '.join(SPLIT_BEHAVIORS)}")
     compiled = regex.compile(pattern)
     if behavior == "Isolated" and not invert:
-        def split(words: list[str]) -> list[str]:
+        def split(words: list[str], at_start: bool = True) -> list[str]:
             if len(words) == 1:
                 return _split_isolated(compiled, words[0])
             return [w for word in words for w in _split_isolated(compiled, word)]
         return split
 
-    def split_general(words: list[str]) -> list[str]:
+    def split_general(words: list[str], at_start: bool = True) -> list[str]:
         out = []
         for word in words:
             out += _apply_behavior(_split_spans(compiled, word, invert), behavior)
@@ -99,7 +103,7 @@ def byte_level(add_prefix_space: bool = False, use_regex: bool = True) -> PreTok
     """HF's ByteLevel (the bytes-to-chars step is the Tokenizer's): byte_level()(["a b"]) -> ["a", " b"]."""
     splitter = regex_split(GPT2_PATTERN) if use_regex else None
 
-    def pre(words: list[str]) -> list[str]:
+    def pre(words: list[str], at_start: bool = True) -> list[str]:
         if add_prefix_space:
             words = [w if w.startswith(" ") else " " + w for w in words]
         return splitter(words) if splitter else words
@@ -116,8 +120,26 @@ def chain(stages: Sequence[PreTokenizer]) -> PreTokenizer:
     if len(stages) == 1:
         return stages[0]
 
-    def chained(words: list[str]) -> list[str]:
+    def chained(words: list[str], at_start: bool = True) -> list[str]:
         for stage in stages:
-            words = stage(words)
+            words = stage(words, at_start)
         return words
     return chained
+
+
+def metaspace(replacement: str = METASPACE, prepend_scheme: str = "always", split: bool = True) -> PreTokenizer:
+    """HF's Metaspace: spaces become `replacement`, which is prepended to a word that lacks it
+    ("always"; "first": only to the word that begins the input; "never"), and with split each
+    replacement starts a new word: metaspace()(["Hello world"]) -> ["▁Hello", "▁world"]."""
+    if prepend_scheme not in PREPEND_SCHEMES:
+        raise ValueError(f"Metaspace prepend_scheme {prepend_scheme!r} is not one of {', '.join(PREPEND_SCHEMES)}")
+    splitter = regex_split(regex.escape(replacement), "MergedWithNext") if split else None
+
+    def pre(words: list[str], at_start: bool = True) -> list[str]:
+        out = []
+        for i, word in enumerate(words):
+            word = word.replace(" ", replacement)
+            prepend = prepend_scheme == "always" or (prepend_scheme == "first" and i == 0 and at_start)
+            out.append(replacement + word if prepend and not word.startswith(replacement) else word)
+        return splitter(out) if splitter else out
+    return pre

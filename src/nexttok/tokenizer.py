@@ -1,23 +1,33 @@
-"""Byte-level BPE, as used by GPT-2, Llama 3, Qwen2 and SmolLM: the algorithm alone.
+"""BPE tokenizers as HF `tokenizers` runs them: the algorithm alone.
 
-text ─added tokens split out→ segments ─normalize→ ─pre-tokenize (regex)→ words
-     ─bytes → printable chars→ ─merge pairs by rank→ token ids
+Byte-level (GPT-2, Llama 3, Qwen2, SmolLM):
+    text ─added tokens split out→ segments ─normalize→ ─pre-tokenize (regex)→ words
+         ─bytes → printable chars→ ─merge pairs by rank (bpe.py)→ token ids
+SentencePiece-style (Llama 2, Mistral, TinyLlama, Gemma, Phi-3):
+    text ─added tokens split out→ segments ─normalize (" " → "▁", maybe a leading "▁")→
+         ─pre-tokenize (Metaspace, or none: the segment is one word)→ characters, each one not
+         in the vocab as its UTF-8 bytes <0xNN> (byte fallback) ─merge by rank→ token ids
+Decoding: each id stands for bytes (a Decoder says which: "▁" is a space, <0xE6> one byte), and
+the SentencePiece prefix space is stripped at the start of a whole sequence.
 
-Reading HF's files (tokenizer.json, vocab.json + merges.txt) is tokenizer_json's job; finding
-them from a model name is sources'. Everything below is plain Python over the `regex` engine.
+Reading HF's files (tokenizer.json, vocab.json + merges.txt) is tokenizer_json's job, GGUF
+metadata gguf_tokenizer's; finding them from a model name is sources'.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
 import regex
 
+from nexttok.bpe import merge
 from nexttok.pretokenizers import PreTokenizer, byte_level
 
 _CACHE_LIMIT = 200_000  # words; cleared when full so memory stays bounded on endless input
+_CACHED_WORD = 64  # longer words (a SentencePiece paragraph) are not worth keeping
 
 
 class TokenizerError(ValueError):
@@ -78,6 +88,34 @@ class AddedToken:
     single_word: bool = False
 
 
+def byte_token(b: int) -> str:
+    """The vocab entry byte fallback uses for a byte, as HF spells it: byte_token(0xE6) == "<0xE6>"."""
+    return f"<0x{b:02X}>"
+
+
+@dataclass(frozen=True)
+class Decoder:
+    """How ids become text: the bytes each vocab entry stands for; at the start of a whole sequence
+    the first token's own bytes where they differ (HF's Metaspace decoder drops its "▁"s), and up to
+    strip_count leading `strip` characters removed (HF's Strip: the space SentencePiece tokenizers
+    put before the first word)."""
+
+    token_bytes: Callable[[str], bytes]
+    first_token_bytes: Callable[[str], bytes] | None = None
+    strip: str = " "
+    strip_count: int = 0
+
+    def strip_start(self, text: str) -> str:
+        """strip_start(" Hello") == "Hello" with strip_count 1."""
+        n = 0
+        while n < self.strip_count and text[n : n + 1] == self.strip:
+            n += 1
+        return text[n:]
+
+
+BYTE_LEVEL_DECODER = Decoder(_token_bytes)
+
+
 @dataclass(frozen=True)
 class Piece:
     """One token for display: its id, the bytes it stands for, and readable text."""
@@ -87,8 +125,21 @@ class Piece:
     text: str
 
 
+@dataclass(frozen=True)
+class Symbols:
+    """How a word becomes the symbols BPE merges. byte_level: its UTF-8 bytes as GPT-2's printable
+    characters; otherwise its characters. A symbol not in the vocab becomes its bytes' <0xNN>
+    tokens (byte_fallback), else the unknown token (runs of them fused into one with fuse_unk),
+    else it is dropped, as HF does."""
+
+    byte_level: bool = True
+    byte_fallback: bool = False
+    unk_token: str | None = None
+    fuse_unk: bool = False
+
+
 class Tokenizer:
-    """Byte-level BPE tokenizer.
+    """A BPE tokenizer, byte-level or SentencePiece-style.
 
     >>> tok.encode("The capital of France is Paris.")   # GPT-2 vocab
     [464, 3139, 286, 4881, 318, 6342, 13]
@@ -104,22 +155,28 @@ class Tokenizer:
         normalizer: Callable[[str], str] | None = None,
         ignore_merges: bool = False,
         template: tuple[list[int], list[int]] = ([], []),
-        unk_token: str | None = None,
+        symbols: Symbols | None = None,
+        decoder: Decoder | None = None,
     ):
         self.vocab = dict(vocab)
         self.merge_ranks = {pair: rank for rank, pair in enumerate(merges)}
         self.added_tokens = sorted(added_tokens, key=lambda t: t.id)
-        self.pre_tokenizer = pre_tokenizer or byte_level()
+        self.symbols = symbols or Symbols()
+        if self.symbols.unk_token is not None and self.symbols.unk_token not in self.vocab:
+            # HF fails only when a character needs it; files naming an absent unk_token exist
+            self.symbols = dataclasses.replace(self.symbols, unk_token=None)
+        self.pre_tokenizer = pre_tokenizer or (byte_level() if self.symbols.byte_level else None)
         self.normalizer = normalizer
         self.ignore_merges = ignore_merges
         self.template = template
-        self.unk_id = self.vocab.get(unk_token) if unk_token else None
+        self.decoder = decoder or BYTE_LEVEL_DECODER
         self._check_merges()
         self._id_bytes = self._build_id_bytes()
         self._special_ids = frozenset(t.id for t in self.added_tokens if t.special)
         self._added_re = {allow: self._added_pattern(allow) for allow in (True, False)}
         self._added_by_content = {t.content: t for t in self.added_tokens}
         self._cache: dict[str, list[int]] = {}
+        self._id_tokens: dict[int, str] | None = None
 
     # -- construction helpers ------------------------------------------------------------------
 
@@ -136,9 +193,9 @@ class Tokenizer:
         for token, i in self.vocab.items():
             if i < 0:
                 raise TokenizerError(f"vocab entry {token!r} has negative id {i}")
-            table[i] = _token_bytes(token)
-        for t in self.added_tokens:
-            table[t.id] = t.content.encode("utf-8")
+            table[i] = self.decoder.token_bytes(token)
+        for t in self.added_tokens:  # byte-level: their text as is; SentencePiece: "▁" is a space
+            table[t.id] = t.content.encode() if self.symbols.byte_level else self.decoder.token_bytes(t.content)
         return table
 
     def _added_pattern(self, allow_special: bool) -> tuple[regex.Pattern, list[int]] | None:
@@ -180,24 +237,25 @@ class Tokenizer:
         ids: list[int] = []
         added = self._added_re[allow_special]
         if added is None:
-            self._encode_ordinary(text, ids)
+            self._encode_ordinary(text, ids, True)
         else:
             pattern, group_ids = added
             pos = 0
             for m in pattern.finditer(text):
                 if m.start() > pos:
-                    self._encode_ordinary(text[pos : m.start()], ids)
+                    self._encode_ordinary(text[pos : m.start()], ids, pos == 0)
                 ids.append(group_ids[m.lastindex])
                 pos = m.end()
             if pos < len(text):
-                self._encode_ordinary(text[pos:], ids)
+                self._encode_ordinary(text[pos:], ids, pos == 0)
         if add_special:
             prefix, suffix = self.template
             ids = [*prefix, *ids, *suffix]
         return ids
 
-    def decode_bytes(self, ids: Iterable[int], *, skip_special: bool = False) -> bytes:
-        """Ids to the raw bytes they stand for (may end inside a UTF-8 character)."""
+    def decode_bytes(self, ids: Iterable[int], *, skip_special: bool = False, at_start: bool = False) -> bytes:
+        """Ids to the raw bytes they stand for (may end inside a UTF-8 character). at_start: the
+        first id begins a sequence (see Decoder.first_token_bytes); the prefix space stays."""
         table = self._id_bytes
         out = []
         for i in ids:
@@ -207,12 +265,25 @@ class Tokenizer:
                 raise ValueError(f"token id {i} is not in the vocabulary (valid: 0..{len(table) - 1})")
             if skip_special and i in self._special_ids:
                 continue
-            out.append(table[i])
+            if at_start and self.decoder.first_token_bytes is not None:
+                out.append(self.decoder.first_token_bytes(self._token_string(i)))
+            else:
+                out.append(table[i])
+            at_start = False
         return b"".join(out)
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
-        """Ids to text; invalid UTF-8 (a cut-off character) becomes U+FFFD, as in HF."""
-        return self.decode_bytes(ids, skip_special=skip_special).decode("utf-8", errors="replace")
+        """Ids to text, as a whole sequence (a SentencePiece prefix space stripped); invalid UTF-8
+        (a cut-off character) becomes U+FFFD, as in HF."""
+        data = self.decode_bytes(ids, skip_special=skip_special, at_start=True)
+        return self.decoder.strip_start(data.decode("utf-8", errors="replace"))
+
+    def _token_string(self, token_id: int) -> str:
+        """The vocab entry (or added token) of an id, as the file spells it."""
+        if self._id_tokens is None:
+            self._id_tokens = {i: t for t, i in self.vocab.items()}
+            self._id_tokens.update((t.id, t.content) for t in self.added_tokens)
+        return self._id_tokens[token_id]
 
     def pieces(self, ids: Iterable[int]) -> list[Piece]:
         """Each token's own text, for display: a byte that is part of a character shows as \\xNN.
@@ -224,64 +295,61 @@ class Tokenizer:
 
     # -- the BPE core --------------------------------------------------------------------------
 
-    def _encode_ordinary(self, text: str, ids: list[int]) -> None:
-        """Append the ids of text that holds no added token."""
+    def _encode_ordinary(self, text: str, ids: list[int], at_start: bool) -> None:
+        """Append the ids of text that holds no added token; at_start: it begins the input."""
         if self.normalizer is not None:
             text = self.normalizer(text)
+            if not text:
+                return
+        words = self.pre_tokenizer([text], at_start) if self.pre_tokenizer else [text]
         cache = self._cache
-        for word in self.pre_tokenizer([text]):
+        for word in words:
             cached = cache.get(word)
             if cached is None:
-                if len(cache) >= _CACHE_LIMIT:  # bounded memory on endless distinct words
-                    cache.clear()
-                cached = cache[word] = self._bpe(_byte_level(word))
+                cached = self._bpe(_byte_level(word) if self.symbols.byte_level else word)
+                if len(word) <= _CACHED_WORD:
+                    if len(cache) >= _CACHE_LIMIT:  # bounded memory on endless distinct words
+                        cache.clear()
+                    cache[word] = cached
             ids += cached
 
     def _bpe(self, word: str) -> list[int]:
-        """Merge the byte-level characters of one word by rank, lowest rank first.
+        """The ids of one word (in byte-level characters, or plain for SentencePiece-style).
 
         With GPT-2's merges: _bpe("Ġhello") -> [23748]
         """
         vocab = self.vocab
         if self.ignore_merges and word in vocab:
             return [vocab[word]]
-        parts = list(word)
-        ranks = self.merge_ranks
-        while len(parts) > 1:
-            best_rank, best = None, -1
-            for i in range(len(parts) - 1):
-                rank = ranks.get((parts[i], parts[i + 1]))
-                if rank is not None and (best_rank is None or rank < best_rank):
-                    best_rank, best = rank, i
-            if best_rank is None:
-                break
-            parts = _merge_pair(parts, parts[best], parts[best + 1], best)
-        return [self._piece_id(p) for p in parts]
+        return [vocab[p] for p in merge(self._symbols(word), self.merge_ranks)]
 
-    def _piece_id(self, piece: str) -> int:
-        i = self.vocab.get(piece)
-        if i is not None:
-            return i
-        if self.unk_id is not None:
-            return self.unk_id
-        raise TokenizerError(f"piece {piece!r} is not in the vocab and the tokenizer has no unk_token")
-
-
-def _merge_pair(parts: list[str], a: str, b: str, start: int) -> list[str]:
-    """Merge each non-overlapping (a, b), left to right from start.
-
-    _merge_pair(["a", "a", "a"], "a", "a", 0) -> ["aa", "a"]
-    """
-    out = parts[:start]
-    i, n = start, len(parts)
-    while i < n:
-        if i + 1 < n and parts[i] == a and parts[i + 1] == b:
-            out.append(a + b)
-            i += 2
-        else:
-            out.append(parts[i])
-            i += 1
-    return out
+    def _symbols(self, word: str) -> list[str]:
+        """The symbols BPE starts from (see Symbols): "a日" -> ["a", "<0xE6>", "<0x97>", "<0xA5>"]
+        when 日 is not in the vocab and byte fallback is on."""
+        vocab = self.vocab
+        chars = list(word)
+        if all(c in vocab for c in chars):
+            return chars
+        out: list[str] = []
+        unk, fuse, fallback = self.symbols.unk_token, self.symbols.fuse_unk, self.symbols.byte_fallback
+        pending = False  # an unk token not yet added: HF adds it lazily, so a run can be fused
+        for c in chars:
+            if c in vocab:
+                if pending:
+                    out.append(unk)
+                    pending = False
+                out.append(c)
+                continue
+            tokens = [byte_token(b) for b in c.encode()] if fallback else None
+            if tokens and all(t in vocab for t in tokens):
+                out += tokens  # (a pending unk stays pending across them, as in HF)
+            elif unk is not None:
+                if pending and not fuse:
+                    out.append(unk)
+                pending = True
+        if pending:
+            out.append(unk)
+        return out
 
 
 def _reject_surrogates(text: str) -> None:

