@@ -106,3 +106,23 @@ def test_library_errors_name_the_parameter(tiny_live):
     with pytest.raises(InvalidParameter, match="cannot be compiled") as caught:
         Constraint.json_schema(served.tokenizer, served.model.config.vocab_size, {"type": 3}, [0], "json_schema")
     assert caught.value.param == "json_schema"
+
+
+@pytest.mark.parametrize("variant", ["llama2", "mistral", "gemma"])
+def test_sentencepiece_vocabularies_walk_a_schema(spm_variant_files, variant):
+    """A SentencePiece-style tokenizer puts "▁" before a text's first word: the grammar engine must
+    still see each token's bytes mid-text and get continuation ids for text it forces."""
+    from nexttok.tokenizer_json import tokenizer_from_json
+
+    tokenizer = tokenizer_from_json(json.loads(spm_variant_files[variant].read_text(encoding="utf-8")))
+    stop = tokenizer.vocab_size - 1
+    schema = {"type": "object", "properties": {"name": {"type": "string", "enum": ["Alice Smith", "Bob"]}},
+              "required": ["name"], "additionalProperties": False}
+    constraint = Constraint.json_schema(tokenizer, tokenizer.vocab_size, schema, [stop])
+    logits, chosen = torch.zeros(tokenizer.vocab_size), []
+    while not chosen or chosen[-1] != stop:  # the longest allowed token each time: a walk to the end
+        allowed = (constraint(logits) > float("-inf")).nonzero().flatten().tolist()
+        chosen.append(max(allowed, key=lambda i: (len(tokenizer.decode_bytes([i])), -i)))
+        constraint.accept(chosen[-1])
+        assert len(chosen) < 60
+    assert json.loads(tokenizer.decode_bytes(chosen[:-1]).decode()) in ({"name": "Alice Smith"}, {"name": "Bob"})

@@ -52,11 +52,19 @@ class _Wrapped:
         self.eos_token_id, self.bos_token_id = stop_ids[0], None
         self.special_token_ids = sorted(i for i in tokenizer.special_ids if i < vocab_size)
         self._tokenizer = tokenizer
+        # SentencePiece-style tokenizers put "▁" (a space) before a text's first word; text the
+        # grammar forces continues a text, so it is encoded after a newline that is then dropped
+        # (a newline is a byte token of its own: it merges with nothing)
+        self._lead = tokenizer.encode("\n", allow_special=False)
+        self._prepends = self.tokens[tokenizer.encode("a", allow_special=False)[0]].startswith(b" ")
 
     def __call__(self, text: str | bytes) -> list[int]:
         if isinstance(text, bytes):
             text = text.decode("utf-8", "replace")
-        return self._tokenizer.encode(text, allow_special=False)
+        if not self._prepends:
+            return self._tokenizer.encode(text, allow_special=False)
+        ids = self._tokenizer.encode("\n" + text, allow_special=False)
+        return ids[len(self._lead):] if ids[: len(self._lead)] == self._lead else ids
 
 
 def _bytes_of(tokenizer: Tokenizer, token_id: int) -> bytes:
