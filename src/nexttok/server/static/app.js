@@ -317,7 +317,18 @@ const setStatus = (text) => { $("status").textContent = text; };
 // Events on document: nexttok:session (detail: the new session), nexttok:step (the step's view),
 // nexttok:redraw (the chain re-run under moved dials), nexttok:goto (back at a node), nexttok:error.
 function emit(name, detail) { document.dispatchEvent(new CustomEvent(`nexttok:${name}`, { detail })); }
-window.nexttok = { api, state, step, dials, visible, pct, tokenText, setStatus,
+
+// h("p", {className: "note", dataset: {id: 3}}, "text", child): an element with properties and children.
+function h(tag, props = {}, ...children) {
+  const node = document.createElement(tag);
+  const { dataset, ...rest } = props;
+  Object.assign(node, rest);
+  if (dataset) Object.assign(node.dataset, dataset);
+  node.append(...children.filter((c) => c !== null && c !== undefined));
+  return node;
+}
+
+window.nexttok = { api, state, step, dials, visible, pct, tokenText, setStatus, h,
                    on: (name, fn) => document.addEventListener(`nexttok:${name}`, (e) => fn(e.detail)) };
 
 // ---- wiring -----------------------------------------------------------------------------

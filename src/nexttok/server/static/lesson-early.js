@@ -14,15 +14,7 @@
 
   // ---- small helpers ----------------------------------------------------------------------
 
-  // h("p", {className: "note", dataset: {id: 3}}, "text", child): an element with properties and children.
-  function h(tag, props = {}, ...children) {
-    const node = document.createElement(tag);
-    const { dataset, ...rest } = props;
-    Object.assign(node, rest);
-    if (dataset) Object.assign(node.dataset, dataset);
-    node.append(...children.filter((c) => c !== null && c !== undefined));
-    return node;
-  }
+  const h = N.h;  // h(tag, props, ...children): an element (app.js)
 
   const label = (text, input) => h("label", {}, `${text} `, input);
   const row = (...items) => h("div", { className: "row" }, ...items);
