@@ -7,7 +7,11 @@ gguf_metadata.py checks the file is whole and caches what was parsed); the mappi
 - config: llama.cpp metadata keys → HF config.json keys
 - tokenizer: tokens/merges or scores/token types → tokenizer.json (+ its config): gguf_tokenizer.py
 - tensors: llama.cpp names → HF names; llama.cpp stores Q and K rows interleaved for its RoPE
-  kernel (convert_hf_to_gguf permutes them), so they are permuted back
+  kernel (convert_hf_to_gguf permutes them), so they are permuted back; it stores Gemma's RMSNorm
+  weights as 1 + w (its kernel multiplies by the weight), so 1 is taken off again
+- Gemma 3: the file holds no local RoPE theta and no layer pattern; llama.cpp hard-codes them
+  (src/llama-model.cpp, LLM_ARCH_GEMMA3: every 6th layer global, local theta 10000, scores scaled
+  by 1/√head_dim, by 1/√(hidden/heads) for the 62-layer 27B), and so does hf_config
 
     gguf = read_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")
     gguf.config["num_hidden_layers"] == 30; dict(gguf.tensors())["model.norm.weight"].shape == (576,)
@@ -28,7 +32,10 @@ from nexttok.gguf_tokenizer import hf_tokenizer, vocabulary
 if TYPE_CHECKING:
     import numpy as np
 
-SUPPORTED_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "gpt2": "GPT2LMHeadModel"}
+SUPPORTED_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "gpt2": "GPT2LMHeadModel",
+                           "gemma3": "Gemma3ForCausalLM"}
+MODEL_TYPES = {"gemma3": "gemma3_text"}  # GGUF architecture → HF model_type, where they differ
+GEMMA3_SLIDING_PATTERN, GEMMA3_LOCAL_THETA = 6, 10000.0  # llama.cpp's constants for LLM_ARCH_GEMMA3
 
 TENSOR_NAMES = {  # llama.cpp → HF (per block: "blk.N." → "model.layers.N.")
     "token_embd.weight": "model.embed_tokens.weight",
@@ -56,7 +63,16 @@ GPT2_TENSOR_NAMES = {  # per block: "blk.N." → "transformer.h.N."
         ("attn_norm", "ln_1"), ("attn_qkv", "attn.c_attn"), ("attn_output", "attn.c_proj"),
         ("ffn_norm", "ln_2"), ("ffn_up", "mlp.c_fc"), ("ffn_down", "mlp.c_proj")) for kind in ("weight", "bias")},
 }
-_TABLES = {"gpt2": (GPT2_TENSOR_NAMES, "transformer.h."), "default": (TENSOR_NAMES, "model.layers.")}
+# Gemma 3: a norm before and after both attention and MLP, and one on each q and k head
+GEMMA3_TENSOR_NAMES = {
+    **TENSOR_NAMES,
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight",
+}
+_TABLES = {"gpt2": (GPT2_TENSOR_NAMES, "transformer.h."), "gemma3_text": (GEMMA3_TENSOR_NAMES, "model.layers."),
+           "default": (TENSOR_NAMES, "model.layers.")}
 
 
 @dataclass
@@ -81,19 +97,21 @@ class GGUFFile:
 
     def blocks(self) -> Iterator[GGUFTensor]:
         """Every tensor as stored (quantized blocks kept, the file mapped, not read), under its HF
-        name; llama's Q/K rows (whole rows of blocks) un-permuted."""
+        name; llama's Q/K rows (whole rows of blocks) un-permuted, Gemma's norms less 1."""
         import numpy as np
 
         data = np.memmap(self.path, dtype=np.uint8, mode="r")
         arch = self.config["model_type"]
-        permute = arch == "llama"
+        permute, gemma = arch == "llama", arch == "gemma3_text"
         for entry in self.entries:
-            name, raw = hf_tensor_name(entry.name, arch), _raw(data, entry)
+            name, kind, raw = hf_tensor_name(entry.name, arch), entry.kind, _raw(data, entry)
             if permute and ".q_proj.weight" in name:
                 raw = _unpermute(raw, self.config["num_attention_heads"])
             elif permute and ".k_proj.weight" in name:
                 raw = _unpermute(raw, self.config["num_key_value_heads"])
-            yield GGUFTensor(name, entry.kind, entry.dims, raw)
+            elif gemma and name.endswith("norm.weight"):
+                kind, raw = "F32", _less_one(raw, entry)
+            yield GGUFTensor(name, kind, entry.dims, raw)
 
 
 @dataclass
@@ -116,6 +134,13 @@ class GGUFTensor:
         except Exception as e:
             raise GGUFError(f"cannot dequantize GGUF tensor {self.name!r} ({self.kind}): {e}") from None
         return np.ascontiguousarray(array.reshape(self.shape), dtype=np.float32)
+
+
+def _less_one(raw: np.ndarray, entry: TensorEntry) -> np.ndarray:
+    """A Gemma norm weight as HF stores it: llama.cpp's convert_hf_to_gguf added 1 to it."""
+    if entry.kind not in ("F32", "F16"):
+        raise GGUFError(f"GGUF norm tensor {entry.name!r} is {entry.kind}; Gemma norms are expected as F32 or F16")
+    return raw.astype("float32") - 1.0  # float32 whatever it was stored as: 1 + w in float16 lost bits already
 
 
 def _raw(data: np.ndarray, entry: TensorEntry) -> np.ndarray:
@@ -163,7 +188,7 @@ def hf_config(meta: dict, tensor_names: set[str]) -> dict:
         return value
 
     common = {
-        "architectures": [SUPPORTED_ARCHITECTURES[arch]], "model_type": arch,
+        "architectures": [SUPPORTED_ARCHITECTURES[arch]], "model_type": MODEL_TYPES.get(arch, arch),
         "vocab_size": len(vocabulary(meta)),
         "tie_word_embeddings": "output.weight" not in tensor_names,
         "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
@@ -175,6 +200,8 @@ def hf_config(meta: dict, tensor_names: set[str]) -> dict:
                 "n_head": key("attention.head_count"), "n_inner": key("feed_forward_length"),
                 "n_positions": key("context_length"), "activation_function": "gelu_new",
                 "layer_norm_epsilon": key("attention.layer_norm_epsilon")}
+    if arch == "gemma3":
+        return {**common, **_gemma3_config(meta, arch, key, tensor_names)}
     return {**common, **_llama_config(meta, arch, key, tensor_names)}
 
 
@@ -199,6 +226,27 @@ def _llama_config(meta: dict, arch: str, key, tensor_names: set[str]) -> dict:
             raise GGUFError(f"GGUF rope scaling {kind!r} is not supported")
         config["rope_scaling"] = {"rope_type": "linear", "factor": key("rope.scaling.factor")}
     return config
+
+
+def _gemma3_config(meta: dict, arch: str, key, tensor_names: set[str]) -> dict:
+    """Gemma 3 text as llama.cpp runs it: what the file leaves out is llama.cpp's constant (see the
+    module docstring); as in llama.cpp, no metadata key overrides those."""
+    config = _llama_config(meta, arch, key, tensor_names)
+    layers, heads, pattern = config["num_hidden_layers"], config["num_attention_heads"], GEMMA3_SLIDING_PATTERN
+    del config["hidden_act"]
+    tokens = vocabulary(meta)
+    # llama.cpp ends a turn at <end_of_turn> too (gemma-3's generation_config.json: eos [1, 106])
+    end_of_turn = tokens.index("<end_of_turn>") if "<end_of_turn>" in tokens else None
+    stops = [meta.get("tokenizer.ggml.eos_token_id"), end_of_turn]
+    return {
+        **config, "hidden_activation": "gelu_pytorch_tanh",
+        "sliding_window": key("attention.sliding_window"),
+        "layer_types": ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)],
+        "rope_local_base_freq": GEMMA3_LOCAL_THETA,
+        "query_pre_attn_scalar": config["hidden_size"] // heads if layers == 62 else config["head_dim"],
+        "final_logit_softcapping": None, "attn_logit_softcapping": None,  # llama.cpp applies neither to Gemma 3
+        "eos_token_id": [i for i in dict.fromkeys(stops) if i is not None],
+    }
 
 
 def _unpermute(weights: np.ndarray, n_head: int) -> np.ndarray:

@@ -9,6 +9,11 @@
     dtype float32 / bfloat16         → every tensor dequantized on purpose (no file written)
     dtype int8 / int4                → dequantized, then quantized again our way (quant.py)
 
+gemma-3-270m Q4_K_M, as shipped: attn_output and half the ffn_down (Q4_K) → Int4Linear; the other
+ffn_down (Q6_K), q/k/v and gate/up (Q5_0, some v Q8_0: a fused layer is 4-bit only when all its
+parts are) → bfloat16; the 262,144 × 640 Q8_0 embedding → Q8Embedding (178 MB) and the tied head
+→ Int8Linear (168 MB): 515 MB in all (float32: 1.07 GB). Gemma's norms arrive less 1 (gguf.py).
+
 The model runs in bfloat16 when its linear layers are quantized: the 4-bit and 8-bit kernels are
 fast with bfloat16 activations only; a file with no quantized tensor (F32/F16/BF16) runs in
 float32. Fused projections (q/k/v, gate/up) stack their parts' groups before packing.
@@ -26,6 +31,7 @@ from torch import nn
 from nexttok.config import CheckpointError, ModelConfig
 from nexttok.gguf import GGUFFile, GGUFTensor
 from nexttok.gguf_blocks import INT4_KINDS, int4_groups
+from nexttok.gguf_metadata import TensorEntry
 from nexttok.models import build_model
 from nexttok.models.fused import fused_parts
 from nexttok.quant import ACTIVATION, BITS, Int4Linear, Q8Embedding, int8_rows, quantized_linear
@@ -73,13 +79,25 @@ def _as_shipped(dtype: str | None, device: torch.device) -> bool:
 
 
 def gguf_weight_bytes(gguf: GGUFFile, dtype: str | None, device: torch.device) -> int:
-    """About the bytes gguf_model's weights take, known before any is read: the file's own bytes
-    when kept as shipped (or requantized to int8/int4), each value at the float dtype otherwise
-    (an unquantized file, F16 say, runs in float32)."""
-    if (_as_shipped(dtype, device) and not _all_float(gguf)) or dtype in BITS:
+    """About the bytes gguf_model's weights take, known before any is read. As shipped: the file's
+    own bytes for what stays quantized (4-bit layers; a Q8_0 embedding, and its int8 copy where the
+    output layer is tied to it), bfloat16 for the rest (gemma-3-270m Q4_K_M: 515 MB from a 253 MB
+    file). Requantized to int8/int4: about the file's bytes. Otherwise each value at the float
+    dtype (an unquantized file, F16 say, runs in float32)."""
+    if dtype in BITS:
         return sum(entry.n_bytes for entry in gguf.entries)
+    if _as_shipped(dtype, device) and not _all_float(gguf):
+        return sum(_shipped_bytes(entry, gguf.config["tie_word_embeddings"]) for entry in gguf.entries)
     size = (DTYPES.get(dtype) or (torch.float32 if _all_float(gguf) else ACTIVATION)).itemsize
     return sum(math.prod(entry.dims) * size for entry in gguf.entries)
+
+
+def _shipped_bytes(entry: TensorEntry, tied: bool) -> int:
+    if entry.kind in INT4_KINDS:
+        return entry.n_bytes
+    if entry.kind == "Q8_0" and entry.name == "token_embd.weight":
+        return entry.n_bytes + (math.prod(entry.dims) + 2 * entry.dims[0] if tied else 0)  # + int8 head, row scales
+    return math.prod(entry.dims) * ACTIVATION.itemsize
 
 
 def _keep_q8_0_embedding(model: nn.Module, tensors: dict[str, GGUFTensor], tied: bool) -> bool:

@@ -1,17 +1,18 @@
 """Where a checkpoint lives: a name → a local directory of HF files or a .gguf file, and a tokenizer.
 
-A name is a local directory; a .gguf file; a bundled model name or "default" (its GGUF file); or
-a Hugging Face hub id, found in the HF cache or downloaded. This is the only module that knows
-where things live. It imports no torch, so `nexttok tokenize` and `import nexttok` stay light;
-loading.py builds a model from what is found here.
+A name is a local directory; a .gguf file; a bundled model name or "default" (its GGUF file, in
+its package or joined from part packages into the nexttok cache: bundled.py); or a Hugging Face
+hub id, found in the HF cache or downloaded. This is the only module that knows where things live
+(bundled.py is its lower half). It imports no torch, so `nexttok tokenize` and `import nexttok`
+stay light; loading.py builds a model from what is found here.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from nexttok.bundled import BUNDLED_MODELS, BUNDLED_TOKENIZERS, DEFAULT_MODEL, bundled_model_file, tokenizer_dir
+from nexttok.bundled import cache_home as cache_home  # decided there (the lowest module needing it); used here
 from nexttok.config import CheckpointError
 from nexttok.gguf import GGUFFile, read_gguf, read_gguf_tokenizer
 from nexttok.tokenizer import Tokenizer
@@ -24,14 +25,6 @@ CHECKPOINT_FILES = ["config.json", "generation_config.json", "*.safetensors",
 
 class CheckpointNotFound(FileNotFoundError):
     """A model name that is neither a local path, bundled, cached, nor downloadable now."""
-
-
-def cache_home() -> Path:
-    """$NEXTTOK_HOME, else $XDG_CACHE_HOME/nexttok, else ~/.cache/nexttok."""
-    if os.environ.get("NEXTTOK_HOME"):
-        return Path(os.environ["NEXTTOK_HOME"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "nexttok"
 
 
 def open_gguf(path: Path) -> GGUFFile:
