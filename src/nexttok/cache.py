@@ -168,6 +168,26 @@ class SlotCache:
         self.running -= 1
         return moved
 
+    def load(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Start slot's sequence with keys and values computed earlier, k and v (n_layers,
+        n_kv_heads, T, head_dim) at positions 0..T-1 (a reused prompt prefix); a row() prefill
+        then continues at position T."""
+        n = k.shape[2]
+        if n > self.max_len:
+            raise ContextFull(f"context window full: {n} tokens > {self.max_len}")
+        store = self.store
+        store.k[:, slot, :, :n] = k
+        store.v[:, slot, :, :n] = v
+        store.pos[slot] = -1
+        store.pos[slot, :n] = torch.arange(n, device=store.pos.device)
+        self.lengths[slot] = n
+
+    def keys_values(self, slot: int, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of slot's keys and values at positions start..end-1, (n_layers, n_kv_heads, end - start, head_dim)."""
+        if not 0 <= start <= end <= self.lengths[slot]:
+            raise ValueError(f"slot {slot} holds {self.lengths[slot]} tokens; asked for {start}..{end}")
+        return self.store.k[:, slot, :, start:end], self.store.v[:, slot, :, start:end]
+
     def row(self, slot: int) -> _RowView:
         return _RowView(self, slot)
 

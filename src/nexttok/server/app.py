@@ -62,6 +62,7 @@ def _attach_schedulers(models: list[ServedModel], limits: ServerLimits, metrics:
         served.scheduler = Scheduler(served.model, max_running=limits.max_running, max_queue=limits.max_queue,
                                      max_len=context_window(served.model.config, limits.max_model_len),
                                      timeout=limits.request_timeout, metrics=metrics,
-                                     batch_invariant=limits.batch_invariant)
+                                     batch_invariant=limits.batch_invariant,
+                                     prefix_cache_tokens=limits.prefix_cache_tokens)
         if start:
             served.scheduler.start()

@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from nexttok.server.errors import error_response
+from nexttok.server.prefix_cache import BLOCK
 
 
 @dataclass
@@ -19,6 +20,8 @@ class ServerLimits:
     max_model_len: int | None = 4096  # prompt + completion; None: the model's own context
     batch_invariant: bool = True  # same tokens alone or in any batch (decode always runs max_running rows)
     max_body_bytes: int = 4 << 20  # larger request bodies get 413
+    # keys and values of recent prompts kept for reuse (prefix_cache.py), in tokens, per model; 0 = off
+    prefix_cache_tokens: int = 8192
 
     def __post_init__(self) -> None:
         for name in ("max_running", "max_queue"):
@@ -30,6 +33,10 @@ class ServerLimits:
             raise ValueError(f"max_model_len must be an integer >= 2, got {self.max_model_len!r}")
         if type(self.max_body_bytes) is not int or self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be an integer >= 1024, got {self.max_body_bytes!r}")
+        tokens = self.prefix_cache_tokens
+        if type(tokens) is not int or not (tokens == 0 or tokens >= BLOCK):
+            raise ValueError(f"prefix_cache_tokens must be 0 (off) or an integer >= {BLOCK} (one block), "
+                             f"got {tokens!r}")
 
 
 class BodyTooLarge(StarletteHTTPException):

@@ -5,8 +5,11 @@ from __future__ import annotations
 import threading
 
 COUNTERS = ("requests_total", "rejected_total", "cancelled_total", "timeouts_total", "failed_total",
-            "tokens_generated_total", "decode_steps_total")
-GAUGES = ("queue_depth", "running")
+            "tokens_generated_total", "decode_steps_total", "prefix_cache_queries_total", "prefix_cache_hits_total",
+            "prefix_cache_query_tokens_total", "prefix_cache_reused_tokens_total", "prefix_cache_evicted_tokens_total")
+GAUGES = ("queue_depth", "running", "prefix_cache_tokens", "prefix_cache_capacity_tokens")
+# gauges computed from two counters when scraped: name -> (numerator, denominator)
+RATIOS = {"prefix_cache_hit_rate": ("prefix_cache_reused_tokens_total", "prefix_cache_query_tokens_total")}
 HISTOGRAMS = {
     "time_to_first_token_seconds": (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
     "time_per_output_token_seconds": (0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0),
@@ -19,6 +22,14 @@ HELP = {
     "failed_total": "requests ended by an error inside generation",
     "tokens_generated_total": "tokens generated",
     "decode_steps_total": "batched decode forward passes (tokens generated / steps = mean batch size)",
+    "prefix_cache_queries_total": "prompts looked up in the prefix cache",
+    "prefix_cache_hits_total": "prompts that reused at least one cached block of keys and values",
+    "prefix_cache_query_tokens_total": "prompt tokens looked up in the prefix cache",
+    "prefix_cache_reused_tokens_total": "prompt tokens whose keys and values came from the prefix cache",
+    "prefix_cache_evicted_tokens_total": "tokens evicted from the prefix cache to make room",
+    "prefix_cache_tokens": "tokens whose keys and values the prefix cache holds",
+    "prefix_cache_capacity_tokens": "tokens the prefix cache can hold (0: off)",
+    "prefix_cache_hit_rate": "prompt tokens reused / prompt tokens looked up, since the start",
     "queue_depth": "requests waiting for a batch slot",
     "running": "requests in the running batch",
     "time_to_first_token_seconds": "from arrival to the first generated token",
@@ -66,4 +77,8 @@ class Metrics:
                     lines.append(f'nexttok_{name}_bucket{{le="{bound}"}} {n}')
                 lines += [f'nexttok_{name}_bucket{{le="+Inf"}} {count}', f"nexttok_{name}_sum {total:.6f}",
                           f"nexttok_{name}_count {count}"]
+            for name, (part, whole) in RATIOS.items():
+                ratio = self._values[part] / self._values[whole] if self._values[whole] else 0.0
+                lines += [f"# HELP nexttok_{name} {HELP[name]}", f"# TYPE nexttok_{name} gauge",
+                          f"nexttok_{name} {ratio:.6f}"]
         return "\n".join(lines) + "\n"

@@ -9,6 +9,10 @@ gone) and timed-out requests leave between steps; their slot goes to the next in
 Requests talk to the worker through an asyncio queue each; the worker hands results over with
 loop.call_soon_threadsafe. The waiting line is bounded: when it is full, submit() refuses at once
 (HTTP 429 with Retry-After).
+
+A prompt is prefilled in chunks cut at fixed multiples of prefix_cache.BLOCK. With the prefix cache
+on, its whole blocks that an earlier prompt already computed are copied in instead of prefilled;
+the fixed cut makes those the very bits it would have computed, so the cache changes no token.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from nexttok.generate import Generation, Step
 from nexttok.models import Model
 from nexttok.quant import rows_independent
 from nexttok.server.metrics import Metrics
+from nexttok.server.prefix_cache import PrefixCache, prefill
 
 
 class QueueFull(Exception):
@@ -61,7 +66,8 @@ class Job:
 
 class Scheduler:
     def __init__(self, model: Model, *, max_running: int = 8, max_queue: int = 64, max_len: int | None = None,
-                 timeout: float | None = None, metrics: Metrics | None = None, batch_invariant: bool = True):
+                 timeout: float | None = None, metrics: Metrics | None = None, batch_invariant: bool = True,
+                 prefix_cache_tokens: int = 0):
         self.model = model
         parameter = next(model.parameters())
         self.device = parameter.device
@@ -75,6 +81,7 @@ class Scheduler:
         padded = batch_invariant and not rows_independent(model)
         self.pad_to = max_running if padded or model.compiled is not None else 1
         self.metrics = metrics or Metrics()
+        self.prefix = PrefixCache(self.cache, prefix_cache_tokens, self.metrics) if prefix_cache_tokens else None
         self.waiting: collections.deque[Job] = collections.deque()
         self.running: list[Job] = []  # running[i] holds cache slot i
         self._wake = threading.Condition()
@@ -197,8 +204,7 @@ class Scheduler:
         start = time.perf_counter()
         try:
             with torch.inference_mode():
-                ids = torch.tensor([job.generation.prompt_ids], device=self.device)
-                logits = self.model(ids, self.cache.row(slot), last_only=True)[0, -1]
+                logits = prefill(self.model, self.cache, slot, job.generation.prompt_ids, self.prefix)
                 step = job.generation.sample(logits, time.perf_counter() - start, True)
         except Exception as e:  # this request fails; the others go on
             self._fail(slot, job, e)

@@ -1,0 +1,195 @@
+"""Prefix cache: the keys and values of recent prompts, reused by later prompts that begin the same
+way. The next turn of a chat begins with the previous turn's whole prompt, so it prefills only what
+is new (the last partial block, the answer and the new message).
+
+The scheme is block hashing, as in vLLM, rather than a radix tree as in SGLang. Three reasons
+specific to this engine:
+
+1. Exactness. A request's tokens must not depend on what ran before it, so a reused prefix must
+   hold the same bits the request would compute itself. Keys and values depend on how a prefill is
+   cut into forward calls, because each call's matmuls and attention pick their kernels by shape.
+   Measured on SmolLM2-135M (a 1,000-token random prompt, one call vs calls of 64): keys differ by
+   a few bfloat16 ulps, the last logits by 0.25, and the greedy pick changes with calls of 16. So every prompt is
+   prefilled in chunks cut at multiples of BLOCK (prefill_chunks), whether or not a prefix was
+   reused. A whole block's keys and values then depend only on its tokens and the ones before it,
+   and a reused block holds exactly what the prefill would have computed. A radix tree matches at
+   any token, so it would reuse keys computed under another cut: the previous prompt's partial
+   last block, or the answer, which decode steps computed one token at a time. Those bits are
+   close but not equal.
+2. Layout. SlotCache keeps each sequence contiguous in its slot (a decode step attends over views,
+   it never gathers), so a reused prefix is copied into the slot either way. Zero-copy sharing
+   through block tables (vLLM) or tree nodes (SGLang) does not apply here. The pool is only a
+   source to copy from: no reference counts and no pinning, and evicting a block never takes keys
+   away from a running request.
+3. Cost. Matching whole blocks loses at most BLOCK - 1 tokens per hit. They are prefilled along
+   with the answer and the new message, which have to be prefilled anyway. The fixed cut has a
+   price of its own, paid with the cache on or off: a prompt longer than one block takes more
+   forward calls (10-13% more prefill time at BLOCK = 128, measured below).
+
+A block is keyed by (its parent block's id, its tokens). That is vLLM's hash chain, with the
+tokens themselves compared (dict equality), so a hash collision can never put the wrong keys in.
+Prompts that share a system prompt branch from the same blocks, which are stored once. When the
+pool is full, the least recently used block with no children is evicted (always a leaf, never the
+middle of a chain). A hit refreshes its chain leaf-first, so parents stay more recent than their
+children.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+from nexttok.cache import SlotCache
+from nexttok.models import Model
+from nexttok.server.metrics import Metrics
+
+# Tokens per block, which is also the prefill chunk. Smaller blocks reuse more of a prompt (on
+# average BLOCK / 2 tokens fewer) but cut every longer prompt into more forward calls, each with a
+# fixed cost (about 40 ms on SmolLM2-135M here: a forward pass is hundreds of small ops). Medians
+# from `bench/prefix_cache.py --chunk-cost` on SmolLM2-135M, 2 cores: a 1,024-token prefill takes
+# 2.37 s in one call, 3.02 s cut at 64, 2.67 s at 128 and 2.55 s at 256. A 620-token turn 6 after
+# a 500-token turn 5 takes 1.42 s in one call, and with its reused blocks 0.52 s at 64, 0.64 s at
+# 128 and 0.92 s at 256. At 128 a prompt that fits in one block (a first turn, mostly) runs in one
+# call exactly as before, and a longer one costs 10-13% more than in one call (20-27% at 64).
+BLOCK = 128
+ROOT = -1  # the parent id of a prompt's first block
+
+
+def prefill_chunks(start: int, end: int, block: int = BLOCK) -> list[tuple[int, int]]:
+    """The forward calls that prefill positions start..end-1, cut at multiples of block, so a prompt
+    is cut the same way whether it starts at 0 or after a reused prefix.
+    prefill_chunks(64, 150, 64) -> [(64, 128), (128, 150)]"""
+    cuts = [start, *range((start // block + 1) * block, end, block), end]
+    return list(itertools.pairwise(cuts))
+
+
+def prefill(model: Model, cache: SlotCache, slot: int, ids: list[int], prefix: PrefixCache | None,
+            block: int = BLOCK) -> torch.Tensor:
+    """Run a prompt into slot (empty, just claimed) and return its last token's logits (vocab,).
+    The prompt's whole blocks are taken from the prefix cache where it has them and given to it
+    afterwards. The result is bit-identical with or without a prefix cache."""
+    assert prefix is None or prefix.block == block, "the prefix cache's blocks are the prefill's chunks"
+    start = prefix.load(ids, cache, slot) if prefix is not None else 0
+    device = cache.store.k.device
+    for a, b in prefill_chunks(start, len(ids), block):
+        logits = model(torch.tensor([ids[a:b]], device=device), cache.row(slot), last_only=True)[0, -1]
+    if prefix is not None:
+        prefix.store(ids, cache, slot)
+    return logits
+
+
+@dataclass(eq=False)
+class _Block:
+    id: int
+    key: tuple[int, tuple[int, ...]]  # (parent's id, this block's tokens)
+    index: int  # where its keys and values are in the pool
+    children: int = 0
+
+
+class PrefixCache:
+    """Keys and values of whole blocks (BLOCK tokens; tests may choose others) of recent prompts,
+    in a preallocated pool of capacity_tokens // block blocks. Used only by the scheduler's worker
+    thread."""
+
+    def __init__(self, cache: SlotCache, capacity_tokens: int, metrics: Metrics | None = None, block: int = BLOCK):
+        self.block = block
+        self.capacity = capacity_tokens // block
+        n_layers, _, n_kv, _, head_dim = cache.store.k.shape
+        shape = (n_layers, n_kv, self.capacity, block, head_dim)  # a block's rows are contiguous, as in a slot
+        store = cache.store.k
+        # empty, not zeros: a block is always written before it is read, and untouched pages cost nothing
+        self.k = torch.empty(shape, dtype=store.dtype, device=store.device)
+        self.v = torch.empty(shape, dtype=store.dtype, device=store.device)
+        self._blocks: dict[tuple[int, tuple[int, ...]], _Block] = {}
+        self._lru: OrderedDict[int, _Block] = OrderedDict()  # by id, least recently used first
+        self._free = list(range(self.capacity - 1, -1, -1))
+        self._ids = itertools.count()
+        self.metrics = metrics or Metrics()
+        self.metrics.inc("prefix_cache_capacity_tokens", self.capacity * block)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens whose keys and values are held."""
+        return len(self._blocks) * self.block
+
+    def match(self, ids: list[int]) -> list[_Block]:
+        """The cached blocks that begin ids, in order. They never cover the last token, which must go
+        through the model to give the logits."""
+        chain: list[_Block] = []
+        parent = ROOT
+        for a in range(0, len(ids) - self.block, self.block):  # blocks ending at or before len(ids) - 1
+            block = self._blocks.get((parent, tuple(ids[a : a + self.block])))
+            if block is None:
+                break
+            chain.append(block)
+            parent = block.id
+        self._touch(chain)
+        return chain
+
+    def load(self, ids: list[int], cache: SlotCache, slot: int) -> int:
+        """Copy the cached blocks that begin ids into slot; return how many tokens they cover."""
+        chain = self.match(ids)
+        reused = len(chain) * self.block
+        if chain:
+            index = torch.tensor([b.index for b in chain], device=self.k.device)
+            n_layers, n_kv, _, _, head_dim = self.k.shape
+            # (n_layers, n_kv, blocks, block, hd) -> (n_layers, n_kv, reused, hd): the slot's layout
+            k = self.k.index_select(2, index).view(n_layers, n_kv, reused, head_dim)
+            v = self.v.index_select(2, index).view(n_layers, n_kv, reused, head_dim)
+            cache.load(slot, k, v)
+        metrics = self.metrics
+        metrics.inc("prefix_cache_queries_total")
+        metrics.inc("prefix_cache_hits_total", int(reused > 0))
+        metrics.inc("prefix_cache_query_tokens_total", len(ids))
+        metrics.inc("prefix_cache_reused_tokens_total", reused)
+        return reused
+
+    def store(self, ids: list[int], cache: SlotCache, slot: int) -> None:
+        """Keep the keys and values of every whole block of ids that slot now holds. When the pool is
+        full, least recently used blocks make room; a chain longer than the pool keeps its start."""
+        chain: list[_Block] = []
+        parent = ROOT
+        for a in range(0, len(ids) - self.block + 1, self.block):
+            key = (parent, tuple(ids[a : a + self.block]))
+            block = self._blocks.get(key) or self._add(key, cache, slot, a)
+            if block is None:
+                break
+            chain.append(block)
+            parent = block.id
+        self._touch(chain)
+
+    def _add(self, key: tuple[int, tuple[int, ...]], cache: SlotCache, slot: int, start: int) -> _Block | None:
+        if not self._free and not self._evict(protect=key[0]):
+            return None
+        index = self._free.pop()
+        k, v = cache.keys_values(slot, start, start + self.block)
+        self.k[:, :, index] = k
+        self.v[:, :, index] = v
+        block = _Block(next(self._ids), key, index)
+        self._blocks[key] = block
+        self._lru[block.id] = block
+        if key[0] != ROOT:
+            self._lru[key[0]].children += 1
+        self.metrics.inc("prefix_cache_tokens", self.block)
+        return block
+
+    def _evict(self, protect: int) -> bool:
+        """Free the least recently used leaf block other than `protect` (the parent of the block
+        about to be added, a leaf until then). False when there is none."""
+        victim = next((b for b in self._lru.values() if b.children == 0 and b.id != protect), None)
+        if victim is None:
+            return False
+        del self._blocks[victim.key], self._lru[victim.id]
+        if victim.key[0] != ROOT:
+            self._lru[victim.key[0]].children -= 1
+        self._free.append(victim.index)
+        self.metrics.inc("prefix_cache_tokens", -self.block)
+        self.metrics.inc("prefix_cache_evicted_tokens_total", self.block)
+        return True
+
+    def _touch(self, chain: list[_Block]) -> None:
+        for block in reversed(chain):  # leaf first: each parent ends up more recent than its child
+            self._lru.move_to_end(block.id)
