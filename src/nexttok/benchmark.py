@@ -50,6 +50,7 @@ class BenchConfig:
     threads: int = 2
     dtype: str = "auto"  # nexttok's: a .gguf as shipped, a directory in float32 (HF: float32 then)
     compile: bool = False  # nexttok's decode step through torch.compile
+    tensor_parallel: int = 1  # nexttok's model split over this many local processes (parallel.py)
     extra: dict = field(default_factory=dict)
 
 
@@ -77,7 +78,13 @@ def _median(values: list[float]) -> float:
 
 def bench_nexttok(cfg: BenchConfig) -> dict:
     torch.set_num_threads(cfg.threads)
-    checkpoint = load_checkpoint(cfg.source, dtype=cfg.dtype, device="cpu", compile=cfg.compile)
+    if cfg.tensor_parallel > 1:  # the ranks share the threads: cfg.threads // N each
+        from nexttok.parallel import load_parallel
+
+        checkpoint = load_parallel(cfg.source, world=cfg.tensor_parallel, dtype=cfg.dtype, device="cpu",
+                                   compile=cfg.compile, threads=max(1, cfg.threads // cfg.tensor_parallel))
+    else:
+        checkpoint = load_checkpoint(cfg.source, dtype=cfg.dtype, device="cpu", compile=cfg.compile)
     model, tokenizer = checkpoint.model, checkpoint.tokenizer
     vocab = model.config.vocab_size
     greedy = SamplingParams(temperature=0)
@@ -98,6 +105,8 @@ def bench_nexttok(cfg: BenchConfig) -> dict:
     nocache = [decode_run(long, cfg.nocache_tokens, use_cache=False)[0] for _ in range(max(1, cfg.repeat - 1))]
     cached_long = [decode_run(long, cfg.nocache_tokens)[0] for _ in range(max(1, cfg.repeat - 1))]
     compiled = {"compile_s": model.compiled.compile_seconds} if model.compiled else {}
+    if cfg.tensor_parallel > 1:
+        model.group.close()  # a spawned bench process runs no atexit: stop the other ranks here
     return {"decode_tps": _median(decode), "prefill_tps": _median(prefill), "ttft_ms": 1000 * _median(ttft),
             "nocache_tps": _median(nocache), "cache_long_tps": _median(cached_long),
             "weight_bytes": weight_bytes(model), **compiled}

@@ -23,6 +23,8 @@ never stored.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -98,8 +100,48 @@ class Int4Linear(nn.Module):
         eye = torch.eye(self.in_features, dtype=ACTIVATION)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, GROUP, self.scale_zero).float().T
 
+    def select(self, rows: torch.Tensor | None = None, columns: slice | None = None) -> Int4Linear:
+        """A layer of some output rows (indices) and a run of input columns (whole groups) of this
+        one, with the very same 4-bit values, scales and zeros (tensor parallelism's shards)."""
+        rows = torch.arange(self.out_features) if rows is None else rows
+        columns = columns or slice(0, self.in_features)
+        if columns.start % GROUP or columns.stop % GROUP:
+            raise ValueError(f"a 4-bit layer splits at whole groups of {GROUP} inputs, not at {columns.start}:"
+                             f"{columns.stop}")
+        if not self.fits(len(rows), columns.stop - columns.start):
+            raise ValueError(f"a 4-bit shard needs rows in tiles of 16, got {len(rows)}")
+        q = unpack_int4(self.packed, self.out_features, self.in_features)[rows, columns]  # (n, k) 0..15
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
+        groups = slice(columns.start // GROUP, columns.stop // GROUP)
+        scale_zero = self.scale_zero[groups][:, rows].contiguous()  # (k/32, n, 2)
+        bias = None if self.bias is None else self.bias.detach()[rows]
+        return Int4Linear(packed, scale_zero, q.shape[1], q.shape[0], bias)
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bits=4, group={GROUP}"
+
+
+def unpack_int4(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """The 4-bit values (N, K) uint8 of a weight in the kernel's packed layout (which depends on the
+    CPU's vector width): each byte holds two of them, in the order nibble_order finds."""
+    nibbles = torch.stack([packed & 15, packed >> 4], dim=-1).flatten()  # byte by byte, low half first
+    values = torch.empty(n * k, dtype=torch.uint8)
+    values[nibble_order(n, k)] = nibbles
+    return values.view(n, k)
+
+
+@functools.lru_cache(maxsize=8)
+def nibble_order(n: int, k: int) -> torch.Tensor:
+    """Where each packed nibble of an (N, K) weight comes from (flat index n·K + k), found by packing
+    probes whose values are the base-16 digits of their own index: the packing is a permutation,
+    so this reads it back whatever layout the kernel picked. nibble_order(16, 32)[0] == 0."""
+    index = torch.arange(n * k, dtype=torch.int64)
+    order = torch.zeros(n * k, dtype=torch.int64)
+    for digit in range(max(1, ((n * k - 1).bit_length() + 3) // 4)):
+        probe = ((index >> (4 * digit)) & 15).view(n, k).to(torch.int32)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(probe, 1)
+        order |= torch.stack([packed & 15, packed >> 4], dim=-1).flatten().long() << (4 * digit)
+    return order
 
 
 class Int8Linear(nn.Module):
@@ -125,6 +167,14 @@ class Int8Linear(nn.Module):
 
     def weight_values(self) -> torch.Tensor:
         return self.q.float() * self.scales.float()[:, None]
+
+    def select(self, rows: torch.Tensor | None = None, columns: slice | None = None) -> Int8Linear:
+        """A layer of some output rows (indices) and a run of input columns of this one, the same
+        int8 values and row scales (tensor parallelism's shards)."""
+        rows = torch.arange(self.out_features) if rows is None else rows
+        columns = columns or slice(0, self.in_features)
+        bias = None if self.bias is None else self.bias.detach()[rows]
+        return Int8Linear(self.q[rows, columns], self.scales[rows], bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bits=8, per row"
@@ -154,6 +204,10 @@ class Q8Embedding(nn.Module):
     def weight_values(self) -> torch.Tensor:
         """The whole table as float32 (V, K)."""
         return self.rows(torch.arange(self.num_embeddings))
+
+    def select(self, rows: slice) -> Q8Embedding:
+        """A table of some of these rows, the same int8 values and scales (tensor parallelism's shards)."""
+        return Q8Embedding(self.q[rows], self.d_bits[rows].view(torch.float16), self.dtype)
 
 
 def int8_rows(chunks) -> Int8Linear:

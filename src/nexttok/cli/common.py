@@ -51,10 +51,26 @@ def model_and_prompt(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def load(model: str, args: argparse.Namespace):
-    from nexttok.loading import load_checkpoint
+    """Model and tokenizer; with --tensor-parallel N > 1 the model is split over N ranks (rank 0
+    returns; any other rank, under torchrun, follows rank 0 and exits inside this call)."""
+    if getattr(args, "tensor_parallel", 1) != 1:  # load_parallel checks N
+        from nexttok.parallel import load_parallel
 
-    checkpoint = load_checkpoint(model, dtype=args.dtype, device=args.device, compile=args.compile)
+        checkpoint = load_parallel(model, world=args.tensor_parallel, dtype=args.dtype, device=args.device,
+                                   compile=args.compile, timeout=args.tp_timeout)
+    else:
+        from nexttok.loading import load_checkpoint
+
+        checkpoint = load_checkpoint(model, dtype=args.dtype, device=args.device, compile=args.compile)
     return checkpoint.model, checkpoint.tokenizer
+
+
+def add_parallel_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
+                   help="split the model over N processes (started here; under torchrun, its processes)")
+    p.add_argument("--tp-timeout", type=float, default=120.0, metavar="SECONDS",
+                   help="with --tensor-parallel: how long a rank waits for the others before the run "
+                   "ends with an error (default %(default)s)")
 
 
 def add_generation_args(p: argparse.ArgumentParser, max_tokens: int | None) -> None:

@@ -19,29 +19,70 @@ def cmd_serve(args: argparse.Namespace, out: Console) -> int:
     names = args.served_model_name or []
     if names and len(names) != len(sources):
         raise ValueError(f"--served-model-name given {len(names)} times for {len(sources)} models")
+    if args.tensor_parallel > 1 and len(sources) > 1:
+        raise ValueError(f"--tensor-parallel serves one model, got {len(sources)}")
     err = Console(stderr=True)
     served = []
     for i, source in enumerate(sources):
         err.print(f"[dim]loading {source} ...[/]")
-        served.append(load_served(source, names[i] if names else None, dtype=args.dtype, device=args.device,
-                                  compile=args.compile))
+        name = names[i] if names else None
+        served.append(_load_parallel(source, name, args) if args.tensor_parallel != 1 else
+                      load_served(source, name, dtype=args.dtype, device=args.device, compile=args.compile))
     api_key = args.api_key or os.environ.get("NEXTTOK_API_KEY")
     limits = ServerLimits(max_running=args.max_running, max_queue=args.max_queue,
                           request_timeout=args.request_timeout or None, max_model_len=args.max_model_len or None,
-                          batch_invariant=not args.no_batch_invariance, max_body_bytes=args.max_body_bytes)
+                          batch_invariant=not args.no_batch_invariance, max_body_bytes=args.max_body_bytes,
+                          prefix_cache_tokens=0 if args.tensor_parallel != 1 else args.prefix_cache_tokens)
     app = create_app(served, api_key=api_key, limits=limits, start_schedulers=False)
+    group = _attach_parallel(served[0]) if args.tensor_parallel != 1 else None
+    if group is not None:
+        err.print("[dim]tensor parallel: the prefix cache is off (each rank would need a pool of its own)[/]")
     err.print(f"serving {', '.join(m.name for m in served)} on http://{args.host}:{args.port} "
               f"({'API key required' if api_key else 'no API key'})")
-    serve_in_main_thread(app, served, host=args.host, port=args.port, log_level=args.log_level)
+    try:
+        serve_in_main_thread(app, served, host=args.host, port=args.port, log_level=args.log_level)
+    finally:
+        if group is not None:
+            group.close()
+    if group is not None:
+        group.check()  # a lost rank ended the server: say so (one line) and exit non-zero
     return 0
+
+
+def _load_parallel(source: str, name: str | None, args: argparse.Namespace):
+    """A model split over --tensor-parallel ranks, ready to serve (rank 0; the others follow inside)."""
+    from pathlib import Path
+
+    from nexttok.parallel import load_parallel
+    from nexttok.server import ServedModel
+
+    checkpoint = load_parallel(source, world=args.tensor_parallel, dtype=args.dtype, device=args.device,
+                               compile=args.compile, timeout=args.tp_timeout)
+    default_name = Path(source).name if Path(source).exists() else str(source)
+    return ServedModel(name or default_name, checkpoint.model, checkpoint.tokenizer, checkpoint.chat_template)
+
+
+def _attach_parallel(served):
+    """Keep the scheduler's KV cache in step on every rank (its claims and releases replayed there),
+    and stop the server when a rank is lost: open requests end with the reason."""
+    import threading
+
+    model, scheduler = served.model, served.scheduler
+    scheduler.cache = model.mirrored(scheduler.cache)
+    model.group.on_failure(lambda: threading.Thread(target=scheduler.stop, args=(model.group.failure,),
+                                                    daemon=True).start())
+    return model.group
 
 
 def cmd_bench(args: argparse.Namespace, out: Console) -> int:
     import importlib.util
+    import os
 
     from nexttok.benchmark import BenchConfig, run
     from nexttok.sources import resolve_checkpoint
 
+    if args.tensor_parallel != 1 and "RANK" in os.environ:
+        raise ValueError("bench --tensor-parallel starts its own ranks: run it without torchrun")
     path = resolve_checkpoint(args.model or DEFAULT_MODEL)
     engines = ["nexttok", "compiled"] if args.compile else ["nexttok"]
     if not args.no_compare:
@@ -51,9 +92,10 @@ def cmd_bench(args: argparse.Namespace, out: Console) -> int:
             engines.append("hf")
         engines.append("llama.cpp")  # reported as skipped, with the reason, when it cannot run
     cfg = BenchConfig(str(path), new_tokens=args.new_tokens, prompt_tokens=args.prompt_tokens,
-                      repeat=args.repeat, threads=args.threads, dtype=args.dtype)
+                      repeat=args.repeat, threads=args.threads, dtype=args.dtype, tensor_parallel=args.tensor_parallel)
     for name, value in (("--new-tokens", cfg.new_tokens), ("--prompt-tokens", cfg.prompt_tokens),
-                        ("--repeat", cfg.repeat), ("--threads", cfg.threads)):
+                        ("--repeat", cfg.repeat), ("--threads", cfg.threads),
+                        ("--tensor-parallel", cfg.tensor_parallel)):
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
     Console(stderr=True).print(f"[dim]benchmarking {path} ({', '.join(engines)}) ...[/]")
@@ -80,9 +122,14 @@ def _add_serve_parser(sub) -> None:
     serve.add_argument("--no-batch-invariance", action="store_true",
                        help="faster with few requests, but a request's tokens may then depend (in rare near-ties) "
                        "on what else runs in its batch")
+    serve.add_argument("--prefix-cache-tokens", type=int, default=8192,
+                       help="keys and values of recent prompts kept per model, so a prompt that begins as an "
+                       "earlier one did (the next turn of a chat) skips prefilling that part; the tokens "
+                       "generated are the same either way; 0 = off (default 8192)")
     serve.add_argument("--max-model-len", type=int, default=4096,
                        help="prompt + completion tokens per request; 0 = the model's context (default 4096)")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    common.add_parallel_args(serve)
     serve.set_defaults(func=cmd_serve)
 
 
@@ -96,6 +143,8 @@ def _add_bench_parser(sub) -> None:
     bench.add_argument("--dtype", default="auto", help=common.DTYPE_HELP)
     bench.add_argument("--no-compare", action="store_true", help="nexttok only")
     bench.add_argument("--compile", action="store_true", help="add a column with the decode step compiled")
+    bench.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
+                       help="the nexttok column with the model split over N local processes")
     bench.set_defaults(func=cmd_bench)
 
 

@@ -132,4 +132,5 @@ def add_parsers(sub) -> None:
                      help="json: constrain the output to a JSON object (as `ollama run --format json`)")
     run.add_argument("--no-cache", action="store_true",
                      help="recompute the whole context every step (shows what the KV cache saves)")
+    common.add_parallel_args(run)
     run.set_defaults(func=cmd_run)

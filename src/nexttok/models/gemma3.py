@@ -55,6 +55,8 @@ def rotation(q_pos: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) ->
 
 
 class Attention(nn.Module):
+    PARALLEL_HEADS = ("qkv_proj", "o_proj")  # tensor parallelism (parallel_layers.py): heads split over ranks
+
     def __init__(self, config: ModelConfig, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
@@ -88,6 +90,8 @@ class Attention(nn.Module):
 
 class MLP(nn.Module):
     """GeGLU: down(gelu_tanh(gate(x)) * up(x))."""
+
+    PARALLEL_INNER = ("gate_up_proj", "down_proj")  # tensor parallelism: the inner width split over ranks
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -125,6 +129,7 @@ class Gemma3(nn.Module):
     CHECKPOINT_PREFIX = "model."
     UNPREFIXED = ("lm_head.",)
     TRANSPOSED: tuple[str, ...] = ()
+    PARALLEL_VOCAB = ("embed_tokens", "lm_head")  # tensor parallelism: vocabulary rows split over ranks
 
     def __init__(self, config: ModelConfig):
         super().__init__()

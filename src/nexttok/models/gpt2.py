@@ -28,25 +28,31 @@ ACTIVATIONS = {
 
 
 class Attention(nn.Module):
+    PARALLEL_HEADS = ("c_attn", "c_proj")  # tensor parallelism (parallel_layers.py): heads split over ranks
+
     def __init__(self, config: ModelConfig, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
         self.n_head, self.head_dim = config.num_attention_heads, config.head_dim
+        self.n_kv_head = self.n_head  # every head has keys and values of its own
         hidden = config.hidden_size
         self.c_attn = nn.Linear(hidden, 3 * hidden)
         self.c_proj = nn.Linear(hidden, hidden)
 
     def forward(self, x, masks, cache, capture):
-        b, t, hidden = x.shape
-        q, k, v = self.c_attn(x).split(hidden, dim=2)  # each (B, T, hidden)
+        b, t, _ = x.shape
+        width = self.n_head * self.head_dim  # hidden; this rank's heads only under tensor parallelism
+        q, k, v = self.c_attn(x).split(width, dim=2)  # each (B, T, width)
         q = q.view(b, t, self.n_head, self.head_dim).transpose(1, 2)  # (B, n_head, T, hd)
         k = k.view(b, t, self.n_head, self.head_dim).transpose(1, 2)
         v = v.view(b, t, self.n_head, self.head_dim).transpose(1, 2)
         y = attend_cached(q, k, v, self.layer_idx, masks[None], cache, capture)  # (B, n_head, T, hd)
-        return self.c_proj(y.transpose(1, 2).reshape(b, t, hidden))
+        return self.c_proj(y.transpose(1, 2).reshape(b, t, width))
 
 
 class MLP(nn.Module):
+    PARALLEL_INNER = ("c_fc", "c_proj")  # tensor parallelism: the inner width split over ranks
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.c_fc = nn.Linear(config.hidden_size, config.intermediate_size)
@@ -76,6 +82,7 @@ class GPT2(nn.Module):
     CHECKPOINT_PREFIX = "transformer."
     UNPREFIXED = ("lm_head.",)
     TRANSPOSED = (".c_attn.weight", ".c_proj.weight", ".c_fc.weight")  # HF Conv1D is (in, out)
+    PARALLEL_VOCAB = ("wte", "lm_head")  # tensor parallelism: vocabulary rows split over ranks
 
     def __init__(self, config: ModelConfig):
         super().__init__()

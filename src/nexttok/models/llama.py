@@ -69,6 +69,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
+    PARALLEL_HEADS = ("qkv_proj", "o_proj")  # tensor parallelism (parallel_layers.py): heads split over ranks
+
     def __init__(self, config: ModelConfig, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
@@ -94,6 +96,8 @@ class Attention(nn.Module):
 
 class MLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    PARALLEL_INNER = ("gate_up_proj", "down_proj")  # tensor parallelism: the inner width split over ranks
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -130,6 +134,7 @@ class Llama(nn.Module):
     UNPREFIXED = ("lm_head.",)
     TRANSPOSED: tuple[str, ...] = ()
     LAYER: type[nn.Module] = DecoderLayer  # a variant's own layer (qwen3.py, phi3.py)
+    PARALLEL_VOCAB = ("embed_tokens", "lm_head")  # tensor parallelism: vocabulary rows split over ranks
 
     def __init__(self, config: ModelConfig):
         super().__init__()
