@@ -17,11 +17,20 @@ from tiny_models import write_tiny, write_tiny_with_gpt2_tokenizer
 IDS = [3, 17, 5, 99, 42, 7, 7, 64, 1, 30, 11]
 
 
+def _pair(name, tmp_path_factory):
+    directory = tmp_path_factory.mktemp(name)
+    hf = write_tiny(name, directory)
+    return load_model(directory), hf
+
+
 @pytest.fixture(scope="module", params=["gpt2", "llama_gqa_llama3_rope", "qwen2_sliding"])
 def pair(request, tmp_path_factory):
-    directory = tmp_path_factory.mktemp(request.param)
-    hf = write_tiny(request.param, directory)
-    return load_model(directory), hf
+    return _pair(request.param, tmp_path_factory)
+
+
+@pytest.fixture(scope="module", params=["llama_gqa_llama3_rope", "qwen2_sliding", "qwen3"])
+def rope_pair(request, tmp_path_factory):
+    return _pair(request.param, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -128,23 +137,19 @@ def test_pca_map_matches_numpy(worded, gpt2):
         float(np.dot(vectors[0], vectors[1]) / np.linalg.norm(vectors[0]) / np.linalg.norm(vectors[1])), abs=1e-5)
 
 
-def test_learned_positions_are_the_models_table(pair):
-    model, hf = pair
+def test_learned_positions_are_the_models_table(tmp_path_factory):
+    model, hf = _pair("gpt2", tmp_path_factory)
     view = lesson.positions(model, 16, 64)
-    if model.config.model_type != "gpt2":
-        pytest.skip("RoPE: next test")
     table = hf.transformer.wpe.weight.detach()[:16]
     assert view["kind"] == "learned"
     torch.testing.assert_close(view["similarity"], F.normalize(table, dim=-1) @ F.normalize(table, dim=-1).T)
 
 
-def test_rope_angles_and_distance_score_equal_hf_rotation(pair):
-    model, hf = pair
-    if model.config.model_type == "gpt2":
-        pytest.skip("learned positions")
+def test_rope_angles_and_distance_score_equal_hf_rotation(rope_pair):
+    model, hf = rope_pair
     view = lesson.positions(model, 16, 40)
     assert view["kind"] == "rope"
-    hd = model.config.head_dim
+    hd = model.config.rotary_dim
     positions = torch.arange(41)[None]
     cos, sin = hf.model.rotary_emb(torch.zeros(1, 41, hd), positions)  # HF: (1, P, hd), halves repeated
     torch.testing.assert_close(torch.cos(view["angles"]).float(), cos[0, :16, : hd // 2], atol=1e-5, rtol=1e-5)
