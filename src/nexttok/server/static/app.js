@@ -328,7 +328,32 @@ function h(tag, props = {}, ...children) {
   return node;
 }
 
-window.nexttok = { api, state, step, dials, visible, pct, tokenText, setStatus, h,
+// The requests of the lesson's views: the newest answer of a view wins (an older one still in
+// flight is dropped), and errors stay on the view's own line (#VIEW-error).
+function viewRequests() {
+  const tickets = new Map();  // view -> number of its newest request
+  const nextTicket = (view) => { const t = (tickets.get(view) ?? 0) + 1; tickets.set(view, t); return t; };
+  function refuse(view, message) {  // a request the page can tell is wrong is not sent
+    nextTicket(view);
+    $(`${view}-error`).textContent = `error: ${message}`;
+  }
+  async function ask(view, path, body, method = "POST") {
+    const ticket = nextTicket(view);
+    const line = $(`${view}-error`);
+    try {
+      const data = await api(method, path, body);
+      if (tickets.get(view) !== ticket) return null;  // a newer request went out meanwhile
+      line.textContent = "";
+      return data;
+    } catch (e) {
+      if (tickets.get(view) === ticket) line.textContent = `error: ${e.message}`;
+      return null;
+    }
+  }
+  return { nextTicket, refuse, ask };
+}
+
+window.nexttok = { api, state, step, dials, visible, pct, tokenText, setStatus, h, viewRequests,
                    on: (name, fn) => document.addEventListener(`nexttok:${name}`, (e) => fn(e.detail)) };
 
 // ---- wiring -----------------------------------------------------------------------------

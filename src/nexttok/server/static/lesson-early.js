@@ -47,29 +47,9 @@
 
   // ---- requests: the newest answer wins, errors stay on the view's own line -----------------
 
-  const tickets = new Map();  // view -> number of its newest request
   const cache = new Map();  // capture views of this session: path + body -> answer
   const errorLine = (view) => h("p", { className: "error", id: `${view}-error`, role: "status" });
-  const nextTicket = (view) => { const t = (tickets.get(view) ?? 0) + 1; tickets.set(view, t); return t; };
-
-  function refuse(view, message) {  // a request the page can tell is wrong is not sent
-    nextTicket(view);
-    byId(`${view}-error`).textContent = `error: ${message}`;
-  }
-
-  async function ask(view, path, body) {
-    const ticket = nextTicket(view);
-    const line = byId(`${view}-error`);
-    try {
-      const data = await N.api("POST", path, body);
-      if (tickets.get(view) !== ticket) return null;  // a newer request went out meanwhile
-      line.textContent = "";
-      return data;
-    } catch (e) {
-      if (tickets.get(view) === ticket) line.textContent = `error: ${e.message}`;
-      return null;
-    }
-  }
+  const { nextTicket, refuse, ask } = N.viewRequests();
 
   async function askCached(view, path, body) {
     const key = `${path} ${JSON.stringify(body)}`;

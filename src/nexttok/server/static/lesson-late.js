@@ -55,29 +55,10 @@
 
   // ---- requests: the newest answer wins, errors stay on the view's own line -----------------
 
-  const tickets = new Map();  // view -> number of its newest request
   const errorLine = (view) => h("p", { className: "late-error", id: `${view}-error`, role: "status" });
-  const nextTicket = (view) => { const t = (tickets.get(view) ?? 0) + 1; tickets.set(view, t); return t; };
   const sessionPath = (key, view) => `/explain/sessions/${key}/${view}`;
 
-  function refuse(view, message) {  // a request the page can tell is wrong is not sent
-    nextTicket(view);
-    byId(`${view}-error`).textContent = `error: ${message}`;
-  }
-
-  async function ask(view, path, body, method = "POST") {
-    const ticket = nextTicket(view);
-    const line = byId(`${view}-error`);
-    try {
-      const data = await N.api(method, path, body);
-      if (tickets.get(view) !== ticket) return null;  // a newer request went out meanwhile
-      line.textContent = "";
-      return data;
-    } catch (e) {
-      if (tickets.get(view) === ticket) line.textContent = `error: ${e.message}`;
-      return null;
-    }
-  }
+  const { nextTicket, refuse, ask } = N.viewRequests();
 
   // ---- 6. Logits → softmax ------------------------------------------------------------------
 
