@@ -200,7 +200,7 @@ class ExplainSession:
         self.current = child.id
         return {
             "node": node.id, "child": child.id, "step": self._step(node, child.token_id, forward, sampled, top_n),
-            "rows": self._rows(forward, sampled, top_n), "rest": self._rest(forward, sampled, top_n),
+            **self._table(forward, sampled, top_n),
             "attention": [[[round(float(w), 4) for w in head] for head in layer] for layer in forward.attention],
             "timing": {"tokens": forward.tokens, "seconds": forward.seconds, "prefill": forward.prefill,
                        "cached": forward.cached},
@@ -231,28 +231,24 @@ class ExplainSession:
         forward = self.forward(node.id)
         sampled = self._sample(params, node, forward)
         return {"node": node.id, "step": self._step(node, sampled.token_id, forward, sampled, top_n),
-                "rows": self._rows(forward, sampled, top_n), "rest": self._rest(forward, sampled, top_n)}
+                **self._table(forward, sampled, top_n)}
 
     def _step(self, node: Node, token_id: int, forward: Forward, sampled: Sampled, top_n: int) -> Step:
         return build_step(self.tokenizer, token_id, forward.logits, sampled.final, sampled.draw, index=node.depth,
                           elapsed=forward.seconds + sampled.seconds, prefill=forward.prefill,
                           stages=sampled.stages, top_n=top_n)
 
-    def _rows(self, forward: Forward, sampled: Sampled, n: int) -> list[dict]:
-        """The model's n most likely tokens: raw logit, probability before (p) and after (q) the chain."""
-        p, q = forward.logits.softmax(-1), sampled.final.softmax(-1)
-        top = torch.topk(p, min(n, p.shape[-1]))
-        return [{"id": i, "text": self._text(i), "logit": float(forward.logits[i]), "p": float(p[i]), "q": float(q[i])}
-                for i in top.indices.tolist()]
-
-    @staticmethod
-    def _rest(forward: Forward, sampled: Sampled, n: int) -> dict:
-        """Everything else: the tokens outside the top n and the probability they share, before
-        (p) and after (q) the chain; kept: how many tokens the chain left a chance."""
+    def _table(self, forward: Forward, sampled: Sampled, n: int) -> dict:
+        """rows: the model's n most likely tokens, raw logit and probability before (p) and after
+        (q) the chain; rest: everything else — the tokens outside the top n and the probability
+        they share, before and after the chain, and how many tokens the chain left a chance."""
         p, q = forward.logits.softmax(-1), sampled.final.softmax(-1)
         top = torch.topk(p, min(n, p.shape[-1])).indices
-        return {"tokens": p.shape[-1] - len(top), "p": max(0.0, 1 - float(p[top].sum())),
+        rows = [{"id": i, "text": self._text(i), "logit": float(forward.logits[i]), "p": float(p[i]), "q": float(q[i])}
+                for i in top.tolist()]
+        rest = {"tokens": p.shape[-1] - len(top), "p": max(0.0, 1 - float(p[top].sum())),
                 "q": max(0.0, 1 - float(q[top].sum())), "kept": int((q > 0).sum())}
+        return {"rows": rows, "rest": rest}
 
     def _text(self, token_id: int) -> str:
         return self.tokenizer.pieces([token_id])[0].text

@@ -30,6 +30,7 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import Field
 
+from nexttok import lesson
 from nexttok.explain import ExplainSession
 from nexttok.parameters import DIALS, PARAMETERS
 from nexttok.sampling import DEFAULT_ORDER, STAGE_NAMES, SamplingParams
@@ -198,15 +199,8 @@ def _install_step_routes(app: FastAPI, explainer: Explainer) -> None:
 def _vocab(served: ServedModel, state: ModelState) -> list[str]:
     """Display text of every id the model can produce (computed once per model)."""
     if state.vocab_texts is None:
-        tokenizer, size = served.tokenizer, served.model.config.vocab_size
-        known = min(size, tokenizer.vocab_size)
-        texts = []
-        for i in range(known):
-            try:
-                texts.append(tokenizer.pieces([i])[0].text)
-            except ValueError:  # a hole in the vocabulary
-                texts.append(f"<{i}>")
-        state.vocab_texts = texts + [f"<{i}>" for i in range(known, size)]
+        size = served.model.config.vocab_size
+        state.vocab_texts = [lesson.token_text(served.tokenizer, i) for i in range(size)]
     return state.vocab_texts
 
 
