@@ -1,0 +1,422 @@
+// torch ops over the block kernels (qkern.h): torch.ops.nexttok_q.quantize, .mm, .dequantize.
+// Threads come from torch's own pool (at::parallel_for, so torch.set_num_threads rules); the
+// instruction set is the caller's choice per call (0 portable, 1 AVX2, 2 AVX-512 VNNI), so tests
+// run every path the machine has and nothing here reads global state.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <vector>
+
+#include "qtypes.h"
+
+#define NQ_DECLARE(ns)                                                                                       \
+    namespace ns {                                                                                           \
+    int gemm(int type, const uint8_t* w, int64_t t0, int64_t t1, int64_t N, int64_t K, const int8_t* q,        \
+             const float* d, const int16_t* s, const float* ds, int64_t M, float* out, int64_t ldo);          \
+    void quantize_row(const float* x, int64_t K, int8_t* q, float* d, int16_t* s, float* ds);                 \
+    void attend_row(const float* q, const float* k, const float* v, int64_t ldk, int64_t ldv, int64_t S,       \
+                    int64_t D, float scale, float* scores, float* out);                                       \
+    }
+NQ_DECLARE(nq_generic)
+NQ_DECLARE(nq_avx2)
+NQ_DECLARE(nq_vnni)
+namespace nq_generic {
+void repack(int type, const uint8_t* raw, int64_t N, int64_t K, uint8_t* out);
+void unpack_rows(int type, const uint8_t* w, int64_t K, const int64_t* rows, int64_t n, uint8_t* out);
+void dequantize_rows(int type, const uint8_t* w, int64_t K, const int64_t* rows, int64_t n, float* out);
+}
+
+namespace {
+
+using GemmFn = decltype(&nq_generic::gemm);
+using QuantFn = decltype(&nq_generic::quantize_row);
+
+GemmFn gemm_for(int64_t isa) {
+    TORCH_CHECK(isa >= 0 && isa <= 2, "nexttok_q: isa must be 0 (portable), 1 (avx2) or 2 (vnni), got ", isa);
+    return isa == 2 ? nq_vnni::gemm : isa == 1 ? nq_avx2::gemm : nq_generic::gemm;
+}
+
+QuantFn quant_for(int64_t isa) {
+    return isa >= 1 ? nq_avx2::quantize_row : nq_generic::quantize_row;
+}
+
+enum Mode { PLAIN = 0, RMS_NORM = 1, SILU_MUL = 2, GELU_TANH_MUL = 3 };
+
+// What the matmul's input is made of, one row of K floats into buf.
+void prepare_row(const float* x, int64_t K, int64_t mode, const float* weight, double eps, float* buf) {
+    if (mode == RMS_NORM) {  // RMSNorm in float32: x / sqrt(mean(x²) + eps) · weight
+        double ss = 0;
+        for (int64_t k = 0; k < K; k++) ss += (double)x[k] * x[k];
+        const float inv = 1.0f / std::sqrt((float)(ss / K) + (float)eps);
+        for (int64_t k = 0; k < K; k++) buf[k] = weight[k] * (x[k] * inv);
+    } else if (mode == SILU_MUL) {  // x = [gate | up]: silu(gate) · up
+        for (int64_t k = 0; k < K; k++) buf[k] = x[k] / (1.0f + std::exp(-x[k])) * x[K + k];
+    } else {  // GELU_TANH_MUL: gelu(gate, tanh approximation) · up
+        const float c = 0.7978845608028654f;
+        for (int64_t k = 0; k < K; k++) {
+            const float g = x[k];
+            buf[k] = 0.5f * g * (1.0f + std::tanh(c * (g + 0.044715f * g * g * g))) * x[K + k];
+        }
+    }
+}
+
+// Rows of x (M rows, ldx floats apart) -> int8 q (M, K), scales d (M, K/32), sums s (M, K/16),
+// ds (M, K/32), after the mode's preparation (RMS_NORM needs w).
+void quantize_rows(const float* xp, int64_t ldx, int64_t M, int64_t K, int64_t mode, const float* w, double eps,
+                   int64_t isa, int8_t* qp, float* dp, int16_t* sp, float* dsp) {
+    QuantFn fn = quant_for(isa);
+    at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+        std::vector<float> buf(mode == PLAIN ? 0 : K);
+        for (int64_t m = m0; m < m1; m++) {
+            const float* row = xp + m * ldx;
+            if (mode != PLAIN) {
+                prepare_row(row, K, mode, w, eps, buf.data());
+                row = buf.data();
+            }
+            fn(row, K, qp + m * K, dp + m * (K / 32), sp + m * (K / 16), dsp + m * (K / 32));
+        }
+    });
+}
+
+int64_t input_width(const at::Tensor& x, int64_t mode, const char* op) {
+    TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
+                "nexttok_q.", op, ": x must be a contiguous float32 (M, K) tensor");
+    TORCH_CHECK(mode >= PLAIN && mode <= GELU_TANH_MUL, "nexttok_q.", op, ": unknown mode ", mode);
+    const int64_t K = (mode == SILU_MUL || mode == GELU_TANH_MUL) ? x.size(1) / 2 : x.size(1);
+    TORCH_CHECK(K % 32 == 0 && K > 0, "nexttok_q.", op, ": K must be a positive multiple of 32, got ", K);
+    return K;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                                                        double eps, int64_t mode, int64_t isa) {
+    const int64_t M = x.size(0), K = input_width(x, mode, "quantize");
+    const float* w = nullptr;
+    if (mode == RMS_NORM) {
+        TORCH_CHECK(weight.has_value() && weight->scalar_type() == at::kFloat && weight->is_contiguous() &&
+                        weight->numel() == K, "nexttok_q.quantize: RMS_NORM needs a float32 weight of K values");
+        w = weight->data_ptr<float>();
+    }
+    auto q = at::empty({M, K}, x.options().dtype(at::kChar));
+    auto d = at::empty({M, K / 32}, x.options());
+    auto s = at::empty({M, K / 16}, x.options().dtype(at::kShort));
+    auto ds = at::empty({M, K / 32}, x.options());
+    quantize_rows(x.data_ptr<float>(), x.size(1), M, K, mode, w, eps, isa, q.data_ptr<int8_t>(), d.data_ptr<float>(),
+                  s.data_ptr<int16_t>(), ds.data_ptr<float>());
+    return {q, d, s, ds};
+}
+
+int64_t tile_bytes(int64_t type, int64_t K) { return K / nq_block_elems((int)type) * nq_unit_bytes((int)type); }
+
+void check_type(int64_t type, int64_t K, const char* op) {
+    TORCH_CHECK(nq_known((int)type), "nexttok_q.", op, ": unsupported block type ", type);
+    TORCH_CHECK(K > 0 && K % nq_block_elems((int)type) == 0, "nexttok_q.", op, ": ", K,
+                " values are not whole blocks of type ", type);
+}
+
+void check_packed(const at::Tensor& w, int64_t type, int64_t rows, int64_t K, const char* op) {
+    check_type(type, K, op);
+    TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous() &&
+                    w.size(0) == (rows + NQ_TILE - 1) / NQ_TILE && w.size(1) == tile_bytes(type, K),
+                "nexttok_q.", op, ": weight is not ", rows, " rows of ", K, " values of type ", type, " in tiles");
+}
+
+// The file's blocks (N, bytes per row) written as tiles of 8 rows into out ((N + 7) / 8, bytes per
+// tile): a chunk of a weight's rows at a time, so the loader can let go of the file's pages as it goes.
+void repack_into(const at::Tensor& raw, int64_t type, int64_t K, at::Tensor out) {
+    check_type(type, K, "repack");
+    TORCH_CHECK(raw.dim() == 2 && raw.scalar_type() == at::kByte &&
+                    raw.size(1) == K / nq_block_elems((int)type) * nq_block_bytes((int)type),
+                "nexttok_q.repack: raw is not rows of ", K, " values of type ", type);
+    const int64_t N = raw.size(0);
+    TORCH_CHECK(out.dim() == 2 && out.scalar_type() == at::kByte && out.is_contiguous() &&
+                    out.size(0) == (N + NQ_TILE - 1) / NQ_TILE && out.size(1) == tile_bytes(type, K),
+                "nexttok_q.repack: out is not ", (N + NQ_TILE - 1) / NQ_TILE, " tiles of ", tile_bytes(type, K), " bytes");
+    auto src = raw.contiguous();
+    nq_generic::repack((int)type, src.data_ptr<uint8_t>(), N, K, out.data_ptr<uint8_t>());
+}
+
+at::Tensor repack(const at::Tensor& raw, int64_t type, int64_t K) {
+    check_type(type, K, "repack");
+    auto out = at::empty({(raw.size(0) + NQ_TILE - 1) / NQ_TILE, tile_bytes(type, K)}, raw.options().dtype(at::kByte));
+    repack_into(raw, type, K, out);
+    return out;
+}
+
+at::Tensor row_index(const at::Tensor& rows, int64_t N, const char* op) {
+    auto idx = rows.to(at::kLong).contiguous();
+    const int64_t* ip = idx.data_ptr<int64_t>();
+    for (int64_t i = 0; i < idx.numel(); i++)
+        TORCH_CHECK(ip[i] >= 0 && ip[i] < N, "nexttok_q.", op, ": row ", ip[i], " is not in 0..", N - 1);
+    return idx;
+}
+
+// Rows of tiles back as the file's bytes (n, bytes per row).
+at::Tensor unpack(const at::Tensor& w, int64_t type, int64_t N, const at::Tensor& rows, int64_t K) {
+    check_packed(w, type, N, K, "unpack");
+    auto idx = row_index(rows, N, "unpack");
+    auto out = at::empty({idx.numel(), K / nq_block_elems((int)type) * nq_block_bytes((int)type)}, w.options());
+    nq_generic::unpack_rows((int)type, w.data_ptr<uint8_t>(), K, idx.data_ptr<int64_t>(), idx.numel(),
+                            out.data_ptr<uint8_t>());
+    return out;
+}
+
+// y (M, N) = x · Wᵀ where W's rows are the parts' rows (a fused q/k/v may mix types), each part
+// in tiles; threads split the tiles of all parts together. Checks the parts against K; N back.
+int64_t check_parts(at::TensorList weights, at::IntArrayRef types, at::IntArrayRef rows, int64_t K, const char* op) {
+    TORCH_CHECK(weights.size() == types.size() && weights.size() == rows.size() && !weights.empty(),
+                "nexttok_q.", op, ": one type and row count per weight part");
+    int64_t N = 0;
+    for (size_t i = 0; i < weights.size(); i++) {
+        check_packed(weights[i], types[i], rows[i], K, op);
+        N += rows[i];
+    }
+    return N;
+}
+
+void gemm_parts(const int8_t* qp, const float* dp, const int16_t* sp, const float* dsp, int64_t M, int64_t K,
+                at::TensorList weights, at::IntArrayRef types, at::IntArrayRef rows, int64_t isa, float* op) {
+    std::vector<int64_t> tile0(weights.size() + 1, 0), row0(weights.size() + 1, 0);
+    for (size_t i = 0; i < weights.size(); i++) {
+        tile0[i + 1] = tile0[i] + weights[i].size(0);
+        row0[i + 1] = row0[i] + rows[i];
+    }
+    const int64_t N = row0.back();
+    GemmFn fn = gemm_for(isa);
+    const int64_t grain = std::max<int64_t>(1, 32 / std::max<int64_t>(1, M));
+    at::parallel_for(0, tile0.back(), grain, [&](int64_t t0, int64_t t1) {
+        for (size_t i = 0; i < weights.size(); i++) {
+            const int64_t lo = std::max(t0, tile0[i]), hi = std::min(t1, tile0[i + 1]);
+            if (lo >= hi) continue;
+            fn((int)types[i], weights[i].data_ptr<uint8_t>(), lo - tile0[i], hi - tile0[i], rows[i], K, qp, dp, sp,
+               dsp, M, op + row0[i], N);
+        }
+    });
+}
+
+at::Tensor mm(const at::Tensor& q, const at::Tensor& d, const at::Tensor& s, const at::Tensor& ds,
+              at::TensorList weights, at::IntArrayRef types, at::IntArrayRef rows, int64_t isa) {
+    TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kChar && q.is_contiguous(), "nexttok_q.mm: bad activations");
+    const int64_t M = q.size(0), K = q.size(1);
+    TORCH_CHECK(d.numel() == M * (K / 32) && s.numel() == M * (K / 16) && ds.numel() == M * (K / 32),
+                "nexttok_q.mm: activation scales do not match q");
+    gemm_for(isa);
+    const int64_t N = check_parts(weights, types, rows, K, "mm");
+    auto out = at::empty({M, N}, q.options().dtype(at::kFloat));
+    gemm_parts(q.data_ptr<int8_t>(), d.data_ptr<float>(), s.data_ptr<int16_t>(), ds.data_ptr<float>(), M, K, weights,
+               types, rows, isa, out.data_ptr<float>());
+    return out;
+}
+
+// Scratch for linear's quantized input, grown as needed and kept per calling thread.
+struct Scratch {
+    std::vector<int8_t> q;
+    std::vector<float> d, ds;
+    std::vector<int16_t> s;
+};
+
+// y (M, N) = prepare(x) · Wᵀ (+ bias) in one call: the input quantized into scratch, then mm.
+at::Tensor linear(const at::Tensor& x, at::TensorList weights, at::IntArrayRef types, at::IntArrayRef rows,
+                  const std::optional<at::Tensor>& bias, int64_t mode, int64_t isa) {
+    const int64_t K = input_width(x, mode, "linear"), M = x.size(0);
+    TORCH_CHECK(mode != RMS_NORM, "nexttok_q.linear: RMS_NORM is quantize's mode only");
+    gemm_for(isa);
+    const int64_t N = check_parts(weights, types, rows, K, "linear");
+    if (bias.has_value())
+        TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == N,
+                    "nexttok_q.linear: bias must be ", N, " contiguous float32 values");
+    thread_local Scratch scratch;
+    scratch.q.resize(M * K);
+    scratch.d.resize(M * (K / 32));
+    scratch.ds.resize(M * (K / 32));
+    scratch.s.resize(M * (K / 16));
+    quantize_rows(x.data_ptr<float>(), x.size(1), M, K, mode, nullptr, 0.0, isa, scratch.q.data(), scratch.d.data(),
+                  scratch.s.data(), scratch.ds.data());
+    auto out = at::empty({M, N}, x.options());
+    float* op = out.data_ptr<float>();
+    gemm_parts(scratch.q.data(), scratch.d.data(), scratch.s.data(), scratch.ds.data(), M, K, weights, types, rows,
+               isa, op);
+    if (bias.has_value()) {
+        const float* b = bias->data_ptr<float>();
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = 0; n < N; n++) op[m * N + n] += b[n];
+    }
+    return out;
+}
+
+// RMSNorm in float32 over the last dimension: x / sqrt(mean(x²) + eps) · weight (offset added to
+// the weight first: Gemma's 1 + w).
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, double offset) {
+    TORCH_CHECK(x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat && weight.dim() == 1 &&
+                    x.dim() >= 1 && x.size(-1) == weight.numel(),
+                "nexttok_q.rms_norm: float32 x (..., K) and weight (K,) needed");
+    auto src = x.contiguous();
+    auto w = weight.contiguous();
+    const int64_t K = w.numel(), M = K ? src.numel() / K : 0;
+    auto out = at::empty_like(src);
+    const float* xp = src.data_ptr<float>();
+    const float* wp = w.data_ptr<float>();
+    float* op = out.data_ptr<float>();
+    const float add = (float)offset;
+    at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+        for (int64_t m = m0; m < m1; m++) {
+            const float* r = xp + m * K;
+            float* o = op + m * K;
+            float ss = 0;
+            for (int64_t k = 0; k < K; k++) ss += r[k] * r[k];
+            const float inv = 1.0f / std::sqrt(ss / (float)K + (float)eps);
+            for (int64_t k = 0; k < K; k++) o[k] = (wp[k] + add) * (r[k] * inv);
+        }
+    });
+    return out;
+}
+
+// act(gate) · up for x = [gate | up] (..., 2K) -> (..., K); mode SILU_MUL or GELU_TANH_MUL.
+at::Tensor glu(const at::Tensor& x, int64_t mode) {
+    TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() >= 1 && x.size(-1) % 2 == 0,
+                "nexttok_q.glu: float32 x (..., 2K) needed");
+    TORCH_CHECK(mode == SILU_MUL || mode == GELU_TANH_MUL, "nexttok_q.glu: mode must be SILU_MUL or GELU_TANH_MUL");
+    auto src = x.contiguous();
+    const int64_t K = src.size(-1) / 2, M = K ? src.numel() / (2 * K) : 0;
+    auto sizes = src.sizes().vec();
+    sizes.back() = K;
+    auto out = at::empty(sizes, src.options());
+    const float* xp = src.data_ptr<float>();
+    float* op = out.data_ptr<float>();
+    at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+        for (int64_t m = m0; m < m1; m++) prepare_row(xp + m * 2 * K, K, mode, nullptr, 0.0, op + m * K);
+    });
+    return out;
+}
+
+// One new query per row attending over all S cached keys (the decode step's ALL mask):
+// q (B, H, 1, D), k and v (B, Hkv, S, D) with H a multiple of Hkv (query head h reads key head
+// h / (H / Hkv)) and each key row contiguous (a view of the cache: any batch, head and key strides)
+// -> (B, H, 1, D). Work splits over (row, head); a head's S keys are one thread's.
+at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t isa) {
+    TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && q.scalar_type() == at::kFloat &&
+                    k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
+                "nexttok_q.attend: float32 q (B, H, 1, D), k and v (B, Hkv, S, D) needed");
+    const int64_t B = q.size(0), H = q.size(1), D = q.size(3), Hkv = k.size(1), S = k.size(2);
+    TORCH_CHECK(q.size(2) == 1 && k.sizes() == v.sizes() && k.size(0) == B && k.size(3) == D && Hkv > 0 &&
+                    H % Hkv == 0 && S > 0,
+                "nexttok_q.attend: shapes q ", q.sizes(), ", k ", k.sizes(), ", v ", v.sizes(), " do not fit");
+    TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "nexttok_q.attend: rows must be contiguous");
+    auto fn = isa >= 1 ? nq_avx2::attend_row : nq_generic::attend_row;
+    auto out = at::empty({B, 1, H, D}, q.options());  // (B, T, H, D) memory, returned as (B, H, T, D)
+    const float scale = 1.0f / std::sqrt((float)D);
+    const float* qp = q.data_ptr<float>();
+    const float* kp = k.data_ptr<float>();
+    const float* vp = v.data_ptr<float>();
+    float* op = out.data_ptr<float>();
+    const int64_t rep = H / Hkv, grain = std::max<int64_t>(1, 16384 / (S * D));
+    at::parallel_for(0, B * H, grain, [&](int64_t i0, int64_t i1) {
+        std::vector<float> scores(S);
+        for (int64_t i = i0; i < i1; i++) {
+            const int64_t b = i / H, h = i % H, g = h / rep;
+            fn(qp + b * q.stride(0) + h * q.stride(1), kp + b * k.stride(0) + g * k.stride(1),
+               vp + b * v.stride(0) + g * v.stride(1), k.stride(2), v.stride(2), S, D, scale, scores.data(),
+               op + (b * H + h) * D);
+        }
+    });
+    return out.transpose(1, 2);
+}
+
+// RoPE on the first n heads of x (B, T, H, D): pairs (i, i + D/2) turned by each position's angle,
+// cos and sin (B, T, 1, D/2) -> (B, T, n, D).
+at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t n) {
+    TORCH_CHECK(x.dim() == 4 && x.scalar_type() == at::kFloat && cos.scalar_type() == at::kFloat &&
+                    sin.scalar_type() == at::kFloat && x.size(-1) % 2 == 0 && n >= 0 && n <= x.size(2),
+                "nexttok_q.rope: float32 x (B, T, H, D) and n <= H heads needed");
+    const int64_t B = x.size(0), T = x.size(1), H = x.size(2), D = x.size(3), half = D / 2;
+    TORCH_CHECK(cos.numel() == B * T * half && sin.numel() == B * T * half,
+                "nexttok_q.rope: cos and sin must hold (B, T, 1, D/2) values");
+    auto src = x.contiguous();
+    auto c = cos.contiguous(), s = sin.contiguous();
+    auto out = at::empty({B, T, n, D}, src.options());
+    const float* xp = src.data_ptr<float>();
+    const float* cp = c.data_ptr<float>();
+    const float* sp = s.data_ptr<float>();
+    float* op = out.data_ptr<float>();
+    at::parallel_for(0, B * T, 64, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; i++) {
+            const float* ci = cp + i * half;
+            const float* si = sp + i * half;
+            for (int64_t h = 0; h < n; h++) {
+                const float* a = xp + (i * H + h) * D;
+                float* o = op + (i * n + h) * D;
+                for (int64_t j = 0; j < half; j++) {
+                    o[j] = a[j] * ci[j] - a[half + j] * si[j];
+                    o[half + j] = a[half + j] * ci[j] + a[j] * si[j];
+                }
+            }
+        }
+    });
+    return out;
+}
+
+at::Tensor dequantize(const at::Tensor& w, int64_t type, int64_t N, const at::Tensor& rows, int64_t K) {
+    check_packed(w, type, N, K, "dequantize");
+    auto idx = row_index(rows, N, "dequantize");
+    const int64_t n = idx.numel();
+    const int64_t* ip = idx.data_ptr<int64_t>();
+    auto out = at::empty({n, K}, w.options().dtype(at::kFloat));
+    float* op = out.data_ptr<float>();
+    at::parallel_for(0, n, 64, [&](int64_t i0, int64_t i1) {
+        nq_generic::dequantize_rows((int)type, w.data_ptr<uint8_t>(), K, ip + i0, i1 - i0, op + i0 * K);
+    });
+    return out;
+}
+
+// The instruction sets this CPU (and OS) can run: bit 0 AVX2+FMA+F16C, bit 1 AVX-512 VNNI (with VL, BW).
+int64_t features() {
+    __builtin_cpu_init();
+    int64_t bits = 0;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) bits |= 1;
+    if ((bits & 1) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
+        bits |= 2;
+    return bits;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(nexttok_q, m) {
+    m.def("quantize(Tensor x, Tensor? weight, float eps, int mode, int isa) -> (Tensor, Tensor, Tensor, Tensor)");
+    m.def("mm(Tensor q, Tensor d, Tensor s, Tensor ds, Tensor[] weights, int[] types, int[] rows, int isa) -> Tensor");
+    m.def("repack(Tensor raw, int type, int k) -> Tensor");
+    m.def("repack_into(Tensor raw, int type, int k, Tensor(a!) out) -> ()");
+    m.def("unpack(Tensor w, int type, int n, Tensor rows, int k) -> Tensor");
+    m.def("dequantize(Tensor w, int type, int n, Tensor rows, int k) -> Tensor");
+    m.def("linear(Tensor x, Tensor[] weights, int[] types, int[] rows, Tensor? bias, int mode, int isa) -> Tensor");
+    m.def("rms_norm(Tensor x, Tensor weight, float eps, float offset) -> Tensor");
+    m.def("glu(Tensor x, int mode) -> Tensor");
+    m.def("rope(Tensor x, Tensor cos, Tensor sin, int n) -> Tensor");
+    m.def("attend(Tensor q, Tensor k, Tensor v, int isa) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(nexttok_q, CPU, m) {
+    m.impl("quantize", &quantize);
+    m.impl("mm", &mm);
+    m.impl("repack", &repack);
+    m.impl("repack_into", &repack_into);
+    m.impl("unpack", &unpack);
+    m.impl("dequantize", &dequantize);
+    m.impl("linear", &linear);
+    m.impl("rms_norm", &rms_norm);
+    m.impl("glu", &glu);
+    m.impl("rope", &rope);
+    m.impl("attend", &attend);
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
+    module.def("features", &features, "bit 0: AVX2+FMA; bit 1: AVX-512 VNNI");
+    // the eager path calls these directly: a pybind call costs ~1 us less than torch.ops' dispatch
+    module.def("linear", [](const at::Tensor& x, const std::vector<at::Tensor>& weights, const std::vector<int64_t>& types,
+                            const std::vector<int64_t>& rows, const std::optional<at::Tensor>& bias, int64_t mode,
+                            int64_t isa) { return linear(x, weights, types, rows, bias, mode, isa); });
+    module.def("rms_norm", &rms_norm);
+    module.def("glu", &glu);
+    module.def("rope", &rope);
+    module.def("attend", &attend);
+}

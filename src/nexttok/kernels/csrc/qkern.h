@@ -1,0 +1,377 @@
+// Matrix-vector (and small matrix-matrix) products over GGUF weights repacked in tiles of 8 rows
+// (qtypes.h), with activations quantized to 8 bits per group of 32.
+//
+// Included once per instruction set by q_generic.cpp, q_avx2.cpp and q_vnni.cpp, each of which
+// defines NQ_NS (its namespace) and NQ_AVX2 / NQ_VNNI before including it, after a
+// `#pragma GCC target` for its instructions. Only C headers and intrinsics here, and every helper
+// `static inline`, so no function compiled for one instruction set can stand in for another's.
+//
+// Activations (nq_quantize_row): int8 q[K], a float scale d per 32, the int8 sums per 16 (s) and
+// d·(sum per 32) (ds). Each format's weight is w = A·u + B (u unsigned, the group's bytes), so
+//     Σ w·x = A·d·Σ u·q + B·ds
+// and the int8 dot takes unsigned weights (vpdpbusd / vpmaddubsw want one unsigned operand):
+//     Q4_0  A = d,       B = -8 d          Q4_1, Q5_1  A = d, B = m
+//     Q5_0  A = d,       B = -16 d         Q8_0  A = d, u = w + 128 and B = -128 d (VNNI), or
+//     Q4_K  A = d·sc_j,  B = -dmin·mn_j          signed bytes by the sign trick (AVX2)
+//     Q5_K  as Q4_K                         Q6_K  A = d·sc (per 16 values), B = -32 d·sc
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+#if NQ_AVX2
+#include <immintrin.h>
+#endif
+
+#include "qtypes.h"
+
+namespace NQ_NS {
+
+static inline float f16(const uint8_t* p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000 | (man << 13);
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    } else if (man == 0) {
+        bits = sign;
+    } else {  // subnormal: normalise
+        int e = -1;
+        do { man <<= 1; e++; } while (!(man & 0x400));
+        bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ff) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+// ---- scalar access to a unit (8 rows of one file block, repacked) ----
+
+static inline const uint8_t* group_at(int type, const uint8_t* unit, int j) {  // its scale bytes
+    return unit + nq_header(type) + j * (nq_group_scales(type) + nq_planes(type));
+}
+
+// Row r's value u (0..63; Q8_0: the signed byte) of group j, element e, from the planes.
+static inline int unit_value(int type, const uint8_t* unit, int r, int j, int e) {
+    const uint8_t* p = group_at(type, unit, j) + nq_group_scales(type);
+    const int c = e / 4, i = e % 4, at = 4 * r + i;
+    if (type == NQ_Q8_0) return (int8_t)p[32 * c + at];
+    int u = (p[32 * (c & 3) + at] >> (c < 4 ? 0 : 4)) & 0xf;
+    if (nq_has5(type)) u |= ((p[128 + at] >> c) & 1) << 4;
+    if (type == NQ_Q6_K) u |= ((p[128 + 32 * (c / 4) + at] >> (2 * (c & 3))) & 3) << 4;
+    return u;
+}
+
+// The float value of row r's element e of group j (exactly as the gguf package dequantizes).
+static inline float unit_float(int type, const uint8_t* unit, int r, int j, int e) {
+    const int u = unit_value(type, unit, r, j, e);
+    const float d = f16(unit + 2 * r);
+    const int8_t* sc = (const int8_t*)group_at(type, unit, j);
+    switch (type) {
+    case NQ_Q4_0: return d * (float)(u - 8);
+    case NQ_Q5_0: return d * (float)(u - 16);
+    case NQ_Q8_0: return d * (float)u;
+    case NQ_Q4_1: case NQ_Q5_1: return d * (float)u + f16(unit + 16 + 2 * r);
+    case NQ_Q6_K: return (d * (float)sc[8 * (e / 16) + r]) * (float)(u - 32);
+    default: return (d * (float)(uint8_t)sc[r]) * (float)u - f16(unit + 16 + 2 * r) * (float)(uint8_t)sc[8 + r];
+    }
+}
+
+#if NQ_AVX2
+static inline __m256 load_f16x8(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
+static inline __m256 load_i8x8(const uint8_t* p, bool is_signed) {
+    __m128i b = _mm_loadl_epi64((const __m128i*)p);
+    return _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b));
+}
+
+// Chunk C (values 4C..4C+3) of 8 rows of group planes p: one 256-bit register, row r in lane r.
+// C is a template argument so that every shift is an immediate.
+template <int TYPE, int C>
+static inline __m256i chunk(const uint8_t* p) {
+    if (TYPE == NQ_Q8_0) {
+        __m256i w = _mm256_loadu_si256((const __m256i*)(p + 32 * C));
+        return NQ_VNNI ? _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80)) : w;  // VNNI: u = w + 128
+    }
+    const __m256i v = _mm256_loadu_si256((const __m256i*)(p + 32 * (C & 3)));
+    __m256i u = _mm256_and_si256(C < 4 ? v : _mm256_srli_epi16(v, 4), _mm256_set1_epi8(0xf));
+    if (nq_has5(TYPE)) {  // bit C of each byte to bit 4
+        const __m256i h = _mm256_loadu_si256((const __m256i*)(p + 128));
+        const __m256i bit = C < 4 ? _mm256_slli_epi16(h, (4 - C) & 7) : _mm256_srli_epi16(h, (C - 4) & 7);
+        u = _mm256_or_si256(u, _mm256_and_si256(bit, _mm256_set1_epi8(0x10)));
+    }
+    if (TYPE == NQ_Q6_K) {  // bits 2(C%4), 2(C%4)+1 to bits 4, 5
+        const __m256i h = _mm256_loadu_si256((const __m256i*)(p + 128 + 32 * (C / 4)));
+        const int shift = 4 - 2 * (C & 3);
+        const __m256i bits = shift >= 0 ? _mm256_slli_epi16(h, shift & 7) : _mm256_srli_epi16(h, (-shift) & 7);
+        u = _mm256_or_si256(u, _mm256_and_si256(bits, _mm256_set1_epi8(0x30)));
+    }
+    return u;
+}
+
+template <int TYPE>
+static inline void group_chunks(const uint8_t* p, __m256i* w) {
+    w[0] = chunk<TYPE, 0>(p); w[1] = chunk<TYPE, 1>(p); w[2] = chunk<TYPE, 2>(p); w[3] = chunk<TYPE, 3>(p);
+    w[4] = chunk<TYPE, 4>(p); w[5] = chunk<TYPE, 5>(p); w[6] = chunk<TYPE, 6>(p); w[7] = chunk<TYPE, 7>(p);
+}
+
+static inline __m256i bcast4(const int8_t* x) {
+    int32_t four;
+    memcpy(&four, x, 4);
+    return _mm256_set1_epi32(four);
+}
+
+// Σ over chunks C0..C1-1 of u·x for one activation row x (32 int8), lane r = row r.
+template <int TYPE, int C0, int C1>
+static inline __m256i dot_chunks(const __m256i* w, const int8_t* x) {
+    __m256i acc = _mm256_setzero_si256();
+#if NQ_VNNI
+    for (int c = C0; c < C1; c++) acc = _mm256_dpbusd_epi32(acc, w[c], bcast4(x + 4 * c));
+#else
+    // vpmaddubsw pairs into int16, summed over as many chunks as cannot overflow, then vpmaddwd
+    constexpr int run = TYPE == NQ_Q8_0 ? 1 : nq_has5(TYPE) ? 4 : TYPE == NQ_Q6_K ? 2 : 8;
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int c = C0; c < C1; c += run) {
+        __m256i sum16 = _mm256_setzero_si256();
+        for (int k = c; k < c + run && k < C1; k++) {
+            const __m256i xv = bcast4(x + 4 * k);
+            if (TYPE == NQ_Q8_0) {  // signed weights: |w| and x with w's sign
+                sum16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w[k], w[k]), _mm256_sign_epi8(xv, w[k]));
+            } else {
+                sum16 = _mm256_add_epi16(sum16, _mm256_maddubs_epi16(w[k], xv));
+            }
+        }
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(sum16, ones));
+    }
+#endif
+    return acc;
+}
+
+// out[r·ldo + 0..7] for the 8 rows of one tile and R activation rows.
+template <int TYPE, int R>
+static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const float* d, const int16_t* s,
+                      const float* ds, float* out, int64_t ldo, int valid) {
+    const int gpu = nq_block_elems(TYPE) / 32, ub = nq_unit_bytes(TYPE);
+    const int64_t units = K / nq_block_elems(TYPE), G = K / 32;
+    __m256 acc[R];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < units; b++) {
+        const uint8_t* unit = tile + b * ub;
+        const __m256 dw = load_f16x8(unit);
+        const __m256 second = nq_has_min(TYPE) ? load_f16x8(unit + 16) : _mm256_setzero_ps();
+        for (int j = 0; j < gpu; j++) {
+            const int64_t g = b * gpu + j;
+            const uint8_t* gs = group_at(TYPE, unit, j);
+            const uint8_t* planes = gs + nq_group_scales(TYPE);
+            __m256i w[8];
+            group_chunks<TYPE>(planes, w);
+            __m256 A, B;
+            if (TYPE == NQ_Q4_K || TYPE == NQ_Q5_K) {
+                A = _mm256_mul_ps(dw, load_i8x8(gs, false));
+                B = _mm256_mul_ps(second, load_i8x8(gs + 8, false));  // subtracted below
+            } else if (TYPE == NQ_Q4_1 || TYPE == NQ_Q5_1) {
+                A = dw;
+                B = second;
+            } else {
+                A = dw;
+                const float k = TYPE == NQ_Q4_0 ? -8.0f : TYPE == NQ_Q5_0 ? -16.0f : TYPE == NQ_Q6_K ? -32.0f
+                              : NQ_VNNI ? -128.0f : 0.0f;
+                B = _mm256_mul_ps(dw, _mm256_set1_ps(k));
+            }
+            for (int r = 0; r < R; r++) {
+                const int8_t* x = q + r * K + 32 * g;
+                const float da = d[r * G + g];
+                if (TYPE == NQ_Q6_K) {
+                    const __m256 sa = load_i8x8(gs, true), sb = load_i8x8(gs + 8, true);
+                    __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(dot_chunks<TYPE, 0, 4>(w, x)), sa);
+                    t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_chunks<TYPE, 4, 8>(w, x)), sb, t);
+                    acc[r] = _mm256_fmadd_ps(t, _mm256_mul_ps(A, _mm256_set1_ps(da)), acc[r]);
+                    const int16_t* sr = s + r * 2 * G + 2 * g;
+                    __m256 m = _mm256_mul_ps(sa, _mm256_set1_ps(da * sr[0]));
+                    m = _mm256_fmadd_ps(sb, _mm256_set1_ps(da * sr[1]), m);
+                    acc[r] = _mm256_fmadd_ps(m, B, acc[r]);
+                } else {
+                    const __m256 dot = _mm256_cvtepi32_ps(dot_chunks<TYPE, 0, 8>(w, x));
+                    acc[r] = _mm256_fmadd_ps(dot, _mm256_mul_ps(A, _mm256_set1_ps(da)), acc[r]);
+                    if (TYPE == NQ_Q4_K || TYPE == NQ_Q5_K) {
+                        acc[r] = _mm256_fnmadd_ps(B, _mm256_set1_ps(ds[r * G + g]), acc[r]);
+                    } else if (TYPE != NQ_Q8_0 || NQ_VNNI) {
+                        acc[r] = _mm256_fmadd_ps(B, _mm256_set1_ps(ds[r * G + g]), acc[r]);
+                    }
+                }
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        if (valid == NQ_TILE) {
+            _mm256_storeu_ps(out + r * ldo, acc[r]);
+        } else {
+            float tmp[NQ_TILE];
+            _mm256_storeu_ps(tmp, acc[r]);
+            memcpy(out + r * ldo, tmp, valid * sizeof(float));
+        }
+    }
+}
+#else
+// The portable path: the same sums, one row of the tile at a time.
+template <int TYPE, int R>
+static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const float* d, const int16_t* s,
+                      const float* ds, float* out, int64_t ldo, int valid) {
+    const int gpu = nq_block_elems(TYPE) / 32, ub = nq_unit_bytes(TYPE);
+    const int64_t units = K / nq_block_elems(TYPE), G = K / 32;
+    for (int row = 0; row < valid; row++) {
+        float acc[R] = {0};
+        for (int64_t b = 0; b < units; b++) {
+            const uint8_t* unit = tile + b * ub;
+            const float dw = f16(unit + 2 * row), second = nq_has_min(TYPE) ? f16(unit + 16 + 2 * row) : 0.0f;
+            for (int j = 0; j < gpu; j++) {
+                const int64_t g = b * gpu + j;
+                const uint8_t* gs = group_at(TYPE, unit, j);
+                int u[32];
+                for (int e = 0; e < 32; e++) u[e] = unit_value(TYPE, unit, row, j, e);
+                float A = dw, B = TYPE == NQ_Q4_0 ? -8 * dw : TYPE == NQ_Q5_0 ? -16 * dw : TYPE == NQ_Q6_K ? -32 * dw
+                                : nq_has_min(TYPE) ? second : 0.0f;
+                int l0 = 1, l1 = 1;
+                if (TYPE == NQ_Q4_K || TYPE == NQ_Q5_K) {
+                    A = dw * gs[row];
+                    B = -second * gs[8 + row];
+                } else if (TYPE == NQ_Q6_K) {
+                    l0 = (int8_t)gs[row];
+                    l1 = (int8_t)gs[8 + row];
+                }
+                for (int r = 0; r < R; r++) {
+                    const int8_t* x = q + r * K + 32 * g;
+                    int32_t lo = 0, hi = 0;
+                    for (int e = 0; e < 16; e++) {
+                        lo += u[e] * x[e];
+                        hi += u[e + 16] * x[e + 16];
+                    }
+                    const int16_t* sr = s + r * 2 * G + 2 * g;
+                    acc[r] += (float)(l0 * lo + l1 * hi) * (A * d[r * G + g]);
+                    acc[r] += B * (TYPE == NQ_Q6_K ? d[r * G + g] * (float)(l0 * sr[0] + l1 * sr[1]) : ds[r * G + g]);
+                }
+            }
+        }
+        for (int r = 0; r < R; r++) out[r * ldo + row] = acc[r];
+    }
+}
+#endif
+
+#ifndef NQ_AHEAD
+#define NQ_AHEAD 4096
+#endif
+template <int TYPE>
+static void gemm_type(const uint8_t* w, int64_t t0, int64_t t1, int64_t N, int64_t K, const int8_t* q,
+                      const float* d, const int16_t* s, const float* ds, int64_t M, float* out, int64_t ldo) {
+    const int64_t G = K / 32, tile_bytes = K / nq_block_elems(TYPE) * nq_unit_bytes(TYPE);
+    for (int64_t t = t0; t < t1; t++) {
+        const uint8_t* tile = w + t * tile_bytes;
+#if NQ_AVX2
+        // the next tiles' lines requested now: the weights stream from memory once per token, and
+        // the hardware prefetcher stops at every 4 KiB page
+        {
+            const uint8_t* ahead = tile + NQ_AHEAD;
+            const uint8_t* end = w + t1 * tile_bytes;
+            for (int64_t o = 0; o < tile_bytes && ahead + o < end; o += 64) _mm_prefetch((const char*)(ahead + o), _MM_HINT_T0);
+        }
+#endif
+        const int valid = (int)(N - t * NQ_TILE < NQ_TILE ? N - t * NQ_TILE : NQ_TILE);
+        float* o = out + t * NQ_TILE;
+        int64_t m = 0;
+        for (; m + 4 <= M; m += 4)
+            tile_rows<TYPE, 4>(tile, K, q + m * K, d + m * G, s + m * 2 * G, ds + m * G, o + m * ldo, ldo, valid);
+        switch (M - m) {
+        case 3: tile_rows<TYPE, 3>(tile, K, q + m * K, d + m * G, s + m * 2 * G, ds + m * G, o + m * ldo, ldo, valid); break;
+        case 2: tile_rows<TYPE, 2>(tile, K, q + m * K, d + m * G, s + m * 2 * G, ds + m * G, o + m * ldo, ldo, valid); break;
+        case 1: tile_rows<TYPE, 1>(tile, K, q + m * K, d + m * G, s + m * 2 * G, ds + m * G, o + m * ldo, ldo, valid); break;
+        }
+    }
+}
+
+// Tiles t0..t1 of a repacked (N rows, K values) weight times M quantized activation rows:
+// out[m·ldo + n]. Returns 0, or -1 for a type this file does not know.
+int gemm(int type, const uint8_t* w, int64_t t0, int64_t t1, int64_t N, int64_t K, const int8_t* q,
+         const float* d, const int16_t* s, const float* ds, int64_t M, float* out, int64_t ldo) {
+    switch (type) {
+    case NQ_Q4_0: gemm_type<NQ_Q4_0>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo); return 0;
+    case NQ_Q4_1: gemm_type<NQ_Q4_1>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo); return 0;
+    case NQ_Q5_0: gemm_type<NQ_Q5_0>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo); return 0;
+    case NQ_Q5_1: gemm_type<NQ_Q5_1>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo); return 0;
+    case NQ_Q8_0: gemm_type<NQ_Q8_0>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo); return 0;
+    case NQ_Q4_K: gemm_type<NQ_Q4_K>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo); return 0;
+    case NQ_Q5_K: gemm_type<NQ_Q5_K>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo); return 0;
+    case NQ_Q6_K: gemm_type<NQ_Q6_K>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo); return 0;
+    }
+    return -1;
+}
+
+// One row of K floats to int8 per group of 32 (scale = max |x| / 127, rounded to nearest even),
+// the sums of each 16 of the int8 values and d times each group's sum.
+void quantize_row(const float* x, int64_t K, int8_t* q, float* d, int16_t* s, float* ds) {
+    for (int64_t g = 0; g < K / 32; g++) {
+        const float* xg = x + 32 * g;
+        int8_t* qg = q + 32 * g;
+        float amax = 0;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(xg[i]));
+        const float inv = amax > 0 ? 127.0f / amax : 0.0f;
+        int sa = 0, sb = 0;
+        for (int i = 0; i < 32; i++) {
+            qg[i] = (int8_t)nearbyintf(xg[i] * inv);
+            (i < 16 ? sa : sb) += qg[i];
+        }
+        d[g] = amax / 127.0f;
+        s[2 * g] = (int16_t)sa;
+        s[2 * g + 1] = (int16_t)sb;
+        ds[g] = d[g] * (float)(sa + sb);
+    }
+}
+
+// Attention of one query row over S keys: out (D) = softmax(q·kᵀ · scale) · v, key and value rows
+// ldk / ldv floats apart; scores (S) is scratch. Scores are shifted by their max before exp, as
+// every softmax here is.
+#if NQ_AVX2
+static inline float dot_f32(const float* a, const float* b, int64_t D) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= D; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    float sum = _mm_cvtss_f32(h);
+    for (; i < D; i++) sum += a[i] * b[i];
+    return sum;
+}
+
+static inline void axpy_f32(float a, const float* x, float* y, int64_t D) {
+    const __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= D; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < D; i++) y[i] += a * x[i];
+}
+#else
+static inline float dot_f32(const float* a, const float* b, int64_t D) {
+    float sum = 0;
+    for (int64_t i = 0; i < D; i++) sum += a[i] * b[i];
+    return sum;
+}
+
+static inline void axpy_f32(float a, const float* x, float* y, int64_t D) {
+    for (int64_t i = 0; i < D; i++) y[i] += a * x[i];
+}
+#endif
+
+void attend_row(const float* q, const float* k, const float* v, int64_t ldk, int64_t ldv, int64_t S, int64_t D,
+                float scale, float* scores, float* out) {
+    float top = -INFINITY;
+    for (int64_t j = 0; j < S; j++) {
+        scores[j] = dot_f32(q, k + j * ldk, D) * scale;
+        top = fmaxf(top, scores[j]);
+    }
+    float total = 0;
+    for (int64_t j = 0; j < S; j++) total += (scores[j] = expf(scores[j] - top));
+    for (int64_t i = 0; i < D; i++) out[i] = 0;
+    for (int64_t j = 0; j < S; j++) axpy_f32(scores[j], v + j * ldv, out, D);
+    const float inv = 1.0f / total;
+    for (int64_t i = 0; i < D; i++) out[i] *= inv;
+}
+
+}  // namespace NQ_NS

@@ -1,0 +1,174 @@
+"""nexttok's block kernels (kernels/) against the gguf package's own dequantization.
+
+Weights are random file blocks of every type (random bytes, with sane float16 scales); the
+reference product is the gguf package's dequantized weight times the activation quantized to 8 bits
+per 32 as the kernels do it (then the kernels' only difference is float summation order), and
+times the float activation (the error 8-bit activations add). Every instruction set this CPU runs
+is tested, the portable one included.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType, quants
+
+from nexttok import kernels
+from nexttok.block_quant import BlockEmbedding, BlockLinear
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="no C++ compiler: the kernels are not built")
+
+# where each type keeps its float16 scales (byte offsets in a block); the rest is random
+F16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,),
+              "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+ISAS = list(range(kernels.best_isa() + 1)) if kernels.available() else []
+
+
+def random_blocks(kind: str, rows: int, k: int, seed: int = 0) -> np.ndarray:
+    """(rows, bytes per row) uint8 of valid blocks: random quants, scales ~N(0, 0.01)."""
+    _, elems, size = kernels.BLOCKS[kind]
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=(rows, k // elems, size), dtype=np.uint8)
+    for at in F16_FIELDS[kind]:
+        scales = (rng.standard_normal((rows, k // elems)) * 0.01).astype(np.float16)
+        raw[:, :, at:at + 2] = scales.view(np.uint8).reshape(rows, k // elems, 2)
+    return raw.reshape(rows, -1)
+
+
+def reference(kind: str, raw: np.ndarray) -> torch.Tensor:
+    """The gguf package's float32 values of the blocks (rows, k)."""
+    return torch.from_numpy(quants.dequantize(raw, GGMLQuantizationType[kind]).astype(np.float32))
+
+
+def quantized(x: torch.Tensor) -> torch.Tensor:
+    """x as the kernels see it: int8 per 32 values with scale max|x|/127 (round half to even)."""
+    groups = x.double().view(x.shape[0], -1, 32)
+    d = groups.abs().amax(-1, keepdim=True) / 127
+    q = torch.where(d > 0, torch.round(groups / torch.where(d > 0, d, 1)), 0)
+    return (q * d.float().double()).view_as(x)
+
+
+SHAPES = [(8, 256), (13, 512), (1, 256), (21, 768)]  # rows (some not a multiple of the 8-row tile), k
+
+
+@pytest.mark.parametrize("kind", list(kernels.BLOCKS))
+@pytest.mark.parametrize(("rows", "k"), SHAPES)
+def test_tiles_hold_exactly_the_file_values(kind, rows, k):
+    raw = random_blocks(kind, rows, k)
+    weight = kernels.repack(kind, torch.from_numpy(raw), k, chunk_bytes=raw.shape[1] * 8)  # several chunks
+    every = torch.arange(rows)
+    assert torch.equal(kernels.dequantize(weight, every), reference(kind, raw))
+    assert torch.equal(kernels.unpack(weight, every), torch.from_numpy(raw))
+    picked = torch.tensor([rows - 1, 0])
+    assert torch.equal(kernels.dequantize(weight, picked), reference(kind, raw)[picked])
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("kind", list(kernels.BLOCKS))
+@pytest.mark.parametrize(("rows", "k"), SHAPES)
+@pytest.mark.parametrize("m", [1, 3, 6])
+def test_product_equals_dequantized_weight_times_8_bit_activation(isa, kind, rows, k, m):
+    raw = random_blocks(kind, rows, k, seed=rows + k)
+    weight = kernels.repack(kind, torch.from_numpy(raw), k)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+    y = kernels.mm(kernels.quantize(x, isa), [weight.tiles], [weight.type_id], [rows], isa)
+    w = reference(kind, raw).double()
+    exact = quantized(x) @ w.T  # what the int8 sums compute, in float64
+    scale = (x.abs().double() @ w.abs().T).max()
+    assert (y.double() - exact).abs().max() <= 1e-5 * scale
+    assert (y.double() - x.double() @ w.T).abs().max() <= 2e-2 * scale  # 8-bit activations' error
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_linear_mixes_types_adds_bias_and_gates(isa):
+    k = 512
+    parts = [("Q5_0", 12), ("Q8_0", 8), ("Q6_K", 5)]  # as Qwen2.5's Q4_K_M mixes them in one q/k/v
+    raws = [random_blocks(kind, rows, k, seed=i) for i, (kind, rows) in enumerate(parts)]
+    layer = BlockLinear([kernels.repack(kind, torch.from_numpy(r), k) for (kind, _), r in zip(parts, raws, strict=True)], isa,
+                        bias=torch.randn(25))
+    w = torch.cat([reference(kind, r) for (kind, _), r in zip(parts, raws, strict=True)]).double()
+    assert torch.equal(layer.weight_values(), w.float())
+    x = torch.randn(2, 3, k)
+    expected = quantized(x.view(6, k)) @ w.T + layer.bias.double()
+    assert torch.allclose(layer(x).view(6, 25).double(), expected, atol=1e-5, rtol=1e-5)
+    gate_up = torch.randn(4, 2 * k)
+    gated = F.silu(gate_up[:, :k]) * gate_up[:, k:]
+    y = kernels.linear(gate_up, [p.tiles for p in layer.parts], layer.types, layer.part_rows, None, isa,
+                       kernels.SILU_MUL)
+    assert torch.allclose(y.double(), quantized(gated) @ w.T, atol=1e-5, rtol=1e-4)
+
+
+def test_select_keeps_the_same_blocks():
+    k = 512
+    raw = random_blocks("Q4_K", 20, k)
+    layer = BlockLinear([kernels.repack("Q4_K", torch.from_numpy(raw), k)], kernels.best_isa())
+    rows = torch.tensor([3, 17, 0, 8])
+    part = layer.select(rows=rows, columns=slice(256, 512))
+    assert torch.equal(part.weight_values(), reference("Q4_K", raw)[rows][:, 256:])
+    with pytest.raises(ValueError, match="whole blocks of 256"):
+        layer.select(columns=slice(0, 128))
+
+
+def test_embedding_rows_and_tied_head_share_the_tiles():
+    raw = random_blocks("Q8_0", 40, 64)
+    table = BlockEmbedding(kernels.repack("Q8_0", torch.from_numpy(raw), 64), torch.float32)
+    ids = torch.tensor([[39, 0], [5, 5]])
+    assert torch.equal(table(ids), reference("Q8_0", raw)[ids])
+    head = table.head(kernels.best_isa())
+    assert head.tiles0.data_ptr() == table.tiles.data_ptr()
+    with pytest.raises(RuntimeError, match="row 40 is not in 0..39"):
+        table(torch.tensor([40]))
+
+
+def test_float_helpers_equal_torch():
+    x = torch.randn(3, 5, 64)
+    w = torch.randn(64)
+    norm = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+    assert torch.allclose(kernels.rms_norm(x, w, 1e-6), norm, atol=1e-6, rtol=1e-5)
+    assert torch.allclose(kernels.rms_norm(x, w, 1e-6, 1.0), norm / w * (1 + w), atol=1e-5, rtol=1e-4)
+    gate_up = torch.randn(3, 2, 128)
+    assert torch.allclose(kernels.glu(gate_up), F.silu(gate_up[..., :64]) * gate_up[..., 64:], atol=1e-6)
+    gelu = F.gelu(gate_up[..., :64], approximate="tanh") * gate_up[..., 64:]
+    assert torch.allclose(kernels.glu(gate_up, kernels.GELU_TANH_MUL), gelu, atol=1e-6)
+    heads = torch.randn(2, 3, 5, 16)  # (B, T, H, D)
+    angles = torch.randn(2, 3, 1, 8)
+    cos, sin = angles.cos(), angles.sin()
+    x1, x2 = heads[..., :8], heads[..., 8:]
+    rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    assert torch.allclose(kernels.rope(heads, cos, sin, 4), rotated[:, :, :4], atol=1e-6)
+
+
+@pytest.mark.parametrize("keys", [1, 7, 300])
+def test_attend_equals_sdpa_over_cache_views(keys):
+    cache = torch.randn(2, 3, 512, 64)  # (B, n_kv, max_len, hd): attention reads a view of it
+    k, v = cache[:, :, :keys], cache.flip(2)[:, :, :keys].contiguous()
+    q = torch.randn(2, 1, 9, 64).transpose(1, 2)  # (B, n_head, 1, hd), not contiguous
+    out = kernels.attend(q, k, v)
+    expected = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    assert out.shape == expected.shape
+    assert torch.allclose(out, expected, atol=1e-5)
+
+
+def test_bad_shapes_are_one_line_errors():
+    weight = kernels.repack("Q4_0", torch.from_numpy(random_blocks("Q4_0", 8, 64)), 64)
+    with pytest.raises(RuntimeError, match="K must be a positive multiple of 32"):
+        kernels.quantize(torch.randn(1, 40), 0)
+    with pytest.raises(RuntimeError, match="not 8 rows of 128 values"):
+        kernels.mm(kernels.quantize(torch.randn(1, 128), 0), [weight.tiles], [2], [8], 0)
+    with pytest.raises(RuntimeError, match="unsupported block type 99"):
+        torch.ops.nexttok_q.repack(torch.zeros(1, 18, dtype=torch.uint8), 99, 32)
+
+
+def test_no_compiler_is_one_line_and_a_fallback(tmp_path):
+    code = ("import shutil; shutil.which = lambda name: None\n"
+            "from nexttok import kernels\n"
+            "assert kernels.load() is None and not kernels.available()\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.strip().splitlines() == [
+        "nexttok: block kernels unavailable: no C++ compiler found (install g++); GGUF layers run on torch's kernels"]
