@@ -19,6 +19,7 @@ gguf_metadata.py checks the file is whole and caches what was parsed); the mappi
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,18 +101,21 @@ class GGUFFile:
         name; llama's Q/K rows (whole rows of blocks) un-permuted, Gemma's norms less 1."""
         import numpy as np
 
-        data = np.memmap(self.path, dtype=np.uint8, mode="r")
+        with open(self.path, "rb") as f:
+            mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        data = np.frombuffer(mapping, dtype=np.uint8)
         arch = self.config["model_type"]
         permute, gemma = arch == "llama", arch == "gemma3_text"
         for entry in self.entries:
             name, kind, raw = hf_tensor_name(entry.name, arch), entry.kind, _raw(data, entry)
+            place = (mapping, entry.offset)
             if permute and ".q_proj.weight" in name:
-                raw = _unpermute(raw, self.config["num_attention_heads"])
+                raw, place = _unpermute(raw, self.config["num_attention_heads"]), None
             elif permute and ".k_proj.weight" in name:
-                raw = _unpermute(raw, self.config["num_key_value_heads"])
+                raw, place = _unpermute(raw, self.config["num_key_value_heads"]), None
             elif gemma and name.endswith("norm.weight"):
-                kind, raw = "F32", _less_one(raw, entry)
-            yield GGUFTensor(name, kind, entry.dims, raw)
+                (kind, raw), place = ("F32", _less_one(raw, entry)), None
+            yield GGUFTensor(name, kind, entry.dims, raw, place)
 
 
 @dataclass
@@ -123,6 +127,21 @@ class GGUFTensor:
     kind: str  # GGML type name: "Q4_1", "Q8_0", "F32", ...
     shape: tuple[int, ...]
     raw: np.ndarray = field(repr=False)
+    place: tuple[mmap.mmap, int] | None = field(default=None, repr=False)  # (the mapped file, raw's offset)
+
+    def release(self, first: int = 0, stop: int | None = None) -> None:
+        """Give back the mapped file's pages of rows first..stop-1 (a loader that has copied them):
+        they leave this process's memory (the OS keeps them cached) and are read again if touched.
+        Nothing for a tensor that is not a view of the file."""
+        if self.place is None:
+            return
+        mapping, offset = self.place
+        row = self.raw.nbytes // max(1, self.raw.shape[0])
+        stop = self.raw.shape[0] if stop is None else stop
+        start, end = offset + first * row, offset + stop * row
+        start -= start % mmap.PAGESIZE  # whole pages; one shared with a neighbour is just read again
+        if end > start:
+            mapping.madvise(mmap.MADV_DONTNEED, start, end - start)
 
     def dequantize(self) -> np.ndarray:
         """The values as float32, in HF's shape."""

@@ -1,33 +1,40 @@
-"""A model's weights from a GGUF file, kept as the file ships them where a kernel runs them.
+"""A model's weights from a GGUF file, kept as the file ships them.
 
+With nexttok's kernels (kernels/, built by scripts/setup.sh; the default):
+    linear layers of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K → BlockLinear (the file's
+                                       bytes; a fused q/k/v or gate/up keeps each part's type)
+    the token embedding of such a type → BlockEmbedding, and a tied output layer is a
+                                       BlockLinear over the same bytes
+    F32 / F16 / BF16 tensors          → float32 (norms, biases; a float linear layer)
+    and the model runs in float32 (the kernels quantize its activations to 8 bits per 32).
+    gemma-3-270m Q4_K_M: 253 MB in memory, its file's size; Qwen2.5-0.5B Q4_K_M likewise.
+
+Without them (no C++ compiler), torch's kernels, in bfloat16:
     Q4_0, Q4_1, Q4_K linear layers  → Int4Linear (exactly the file's 4-bit groups, no float copy;
                                        rows a multiple of 16, as the kernel needs)
     a Q8_0 token embedding          → Q8Embedding (the file's int8 values and float16 scales);
                                        a tied lm_head over it → Int8Linear, one scale per row
-    any other type (Q8_0, Q5_K, Q6_K, F16, F32) → dequantized (the `gguf` package) into a float
-                                       layer
-    dtype float32 / bfloat16         → every tensor dequantized on purpose (no file written)
-    dtype int8 / int4                → dequantized, then quantized again our way (quant.py)
+    any other type                  → dequantized (the `gguf` package) into a bfloat16 layer
+                                       (gemma-3-270m Q4_K_M: 515 MB)
 
-gemma-3-270m Q4_K_M, as shipped: attn_output and half the ffn_down (Q4_K) → Int4Linear; the other
-ffn_down (Q6_K), q/k/v and gate/up (Q5_0, some v Q8_0: a fused layer is 4-bit only when all its
-parts are) → bfloat16; the 262,144 × 640 Q8_0 embedding → Q8Embedding (178 MB) and the tied head
-→ Int8Linear (168 MB): 515 MB in all (float32: 1.07 GB). Gemma's norms arrive less 1 (gguf.py).
-
-The model runs in bfloat16 when its linear layers are quantized: the 4-bit and 8-bit kernels are
-fast with bfloat16 activations only; a file with no quantized tensor (F32/F16/BF16) runs in
-float32. Fused projections (q/k/v, gate/up) stack their parts' groups before packing.
+Whichever runs: dtype float32 / bfloat16 dequantizes every tensor on purpose (no file written);
+int8 / int4 dequantizes, then quantizes again our way (quant.py). A file with no quantized tensor
+(F32/F16/BF16) runs in float32. Fused projections stack their parts' rows. Gemma's norms arrive
+less 1 (gguf.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 
 import numpy as np
 import torch
 from torch import nn
 
+from nexttok import kernels
+from nexttok.block_quant import BlockEmbedding, BlockLinear, fits
 from nexttok.config import CheckpointError, ModelConfig
 from nexttok.gguf import GGUFFile, GGUFTensor
 from nexttok.gguf_blocks import INT4_KINDS, int4_groups
@@ -43,17 +50,21 @@ FLOAT_KINDS = ("F32", "F16", "BF16")
 def gguf_model(gguf: GGUFFile, config: ModelConfig, dtype: str | None, device: torch.device) -> nn.Module:
     """The model of a GGUF file; dtype None/"auto": as shipped (see above)."""
     as_shipped = _as_shipped(dtype, device)
-    floats = DTYPES.get(dtype) or (torch.float32 if _all_float(gguf) else ACTIVATION)
+    isa = kernels.best_isa() if as_shipped and kernels.available() else None
+    floats = DTYPES.get(dtype) or (torch.float32 if _all_float(gguf) or isa is not None else ACTIVATION)
     tensors = {t.name: t for t in gguf.blocks()}
     model = build_model(config)
     tied = config.tie_word_embeddings
-    embedding_kept = as_shipped and _keep_q8_0_embedding(model, tensors, tied)
+    if isa is not None:
+        embedding_kept = _keep_block_embedding(model, tensors, tied, isa)
+    else:
+        embedding_kept = as_shipped and _keep_q8_0_embedding(model, tensors, tied)
     for name, module in list(model.named_modules()):
         if isinstance(module, nn.Linear) and not (tied and name == "lm_head"):
             parts = [_take(model, tensors, f"{part}.weight") for part in fused_parts(name, module)]
             _check_rows(name, parts, module)
             bias = _bias(model, tensors, name, module, floats, device)
-            model.set_submodule(name, _linear(parts, bias, as_shipped, dtype, floats, device))
+            model.set_submodule(name, _linear(parts, bias, as_shipped, isa, dtype, floats, device))
     for name, param in list(model.named_parameters()):
         if param.is_meta:
             value = _dense(_take(model, tensors, name), floats, device)
@@ -79,14 +90,18 @@ def _as_shipped(dtype: str | None, device: torch.device) -> bool:
 
 
 def gguf_weight_bytes(gguf: GGUFFile, dtype: str | None, device: torch.device) -> int:
-    """About the bytes gguf_model's weights take, known before any is read. As shipped: the file's
-    own bytes for what stays quantized (4-bit layers; a Q8_0 embedding, and its int8 copy where the
-    output layer is tied to it), bfloat16 for the rest (gemma-3-270m Q4_K_M: 515 MB from a 253 MB
-    file). Requantized to int8/int4: about the file's bytes. Otherwise each value at the float
-    dtype (an unquantized file, F16 say, runs in float32)."""
+    """About the bytes gguf_model's weights take, known before any is read. As shipped with the
+    kernels: the file's bytes, float32 for its float tensors. With torch's: the file's own bytes
+    for what stays quantized (4-bit layers; a Q8_0 embedding, and its int8 copy where the output
+    layer is tied to it), bfloat16 for the rest (gemma-3-270m Q4_K_M: 515 MB from a 253 MB file).
+    Requantized to int8/int4: about the file's bytes. Otherwise each value at the float dtype (an
+    unquantized file, F16 say, runs in float32)."""
     if dtype in BITS:
         return sum(entry.n_bytes for entry in gguf.entries)
     if _as_shipped(dtype, device) and not _all_float(gguf):
+        if kernels.available():  # blocks as in the file, the rest (norms, biases) float32
+            return sum(entry.n_bytes if fits(entry.kind, entry.dims[-1]) else 4 * math.prod(entry.dims)
+                       for entry in gguf.entries)
         return sum(_shipped_bytes(entry, gguf.config["tie_word_embeddings"]) for entry in gguf.entries)
     size = (DTYPES.get(dtype) or (torch.float32 if _all_float(gguf) else ACTIVATION)).itemsize
     return sum(math.prod(entry.dims) * size for entry in gguf.entries)
@@ -105,12 +120,8 @@ def _keep_q8_0_embedding(model: nn.Module, tensors: dict[str, GGUFTensor], tied:
     layer becomes int8 with one scale per row (torch's int8 kernel has no group scales: requantized
     from the groups, +0.1% perplexity on the default model) instead of a bfloat16 copy at half the
     speed. False (nothing done) for anything else."""
-    embeddings = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Embedding)]
-    if len(embeddings) != 1:
-        return False
-    name, module = embeddings[0]
-    key = next((k for k in checkpoint_keys(model, f"{name}.weight") if k in tensors), None)
-    if key is None or tensors[key].kind != "Q8_0" or tensors[key].shape != tuple(module.weight.shape):
+    name, module, key = _embedding_table(model, tensors)
+    if key is None or tensors[key].kind != "Q8_0":
         return False
     table = tensors.pop(key)
     blocks = torch.from_numpy(np.array(table.raw, copy=True)).view(table.shape[0], -1, 34)
@@ -123,6 +134,56 @@ def _keep_q8_0_embedding(model: nn.Module, tensors: dict[str, GGUFTensor], tied:
                   for i in range(0, q.shape[0], rows))
         model.set_submodule("lm_head", int8_rows(c.reshape(-1, q.shape[1]) for c in chunks))
     return True
+
+
+def _keep_block_embedding(model: nn.Module, tensors: dict[str, GGUFTensor], tied: bool, isa: int) -> bool:
+    """A token embedding of a block type stays in it (BlockEmbedding), and an output layer tied to
+    it reads the same bytes (BlockLinear). False (nothing done) for anything else."""
+    name, module, key = _embedding_table(model, tensors)
+    if key is None or not fits(tensors[key].kind, module.embedding_dim):
+        return False
+    (table,) = _tiled([tensors.pop(key)], module.embedding_dim)
+    embedding = BlockEmbedding(table, torch.float32)
+    model.set_submodule(name, embedding)
+    if tied:
+        model.set_submodule("lm_head", embedding.head(isa))
+    return True
+
+
+def _embedding_table(model: nn.Module, tensors: dict[str, GGUFTensor]) -> tuple[str, nn.Module, str | None]:
+    """The model's one token embedding, its name, and the file's tensor for it (None where there
+    are several embeddings, or the file's tensor is missing or of another shape)."""
+    embeddings = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Embedding)]
+    if len(embeddings) != 1:
+        return "", None, None
+    name, module = embeddings[0]
+    key = next((k for k in checkpoint_keys(model, f"{name}.weight") if k in tensors), None)
+    if key is not None and tensors[key].shape != tuple(module.weight.shape):
+        key = None
+    return name, module, key
+
+
+def _tiled(parts: list[GGUFTensor], k: int) -> list[kernels.Tiled]:
+    """The parts' block rows repacked into the kernels' tiles, neighbours of one kind joined (one
+    run of rows for the kernel instead of several). The file's pages are given back as they are
+    read, so a weight is never in memory twice (a lone part is read straight from the mapping)."""
+    runs: list[list[GGUFTensor]] = []
+    for p in parts:
+        if runs and runs[-1][0].kind == p.kind:
+            runs[-1].append(p)
+        else:
+            runs.append([p])
+    tiled = []
+    for run in runs:
+        rows = [np.asarray(p.raw).reshape(p.shape[0], -1) for p in run]
+        with warnings.catch_warnings():  # the mapping is read-only, and only ever read
+            warnings.simplefilter("ignore", UserWarning)
+            raw = torch.from_numpy(rows[0] if len(run) == 1 else np.concatenate(rows))
+        if len(run) > 1:
+            for p in run:
+                p.release()
+        tiled.append(kernels.repack(run[0].kind, raw, k, done=run[0].release if len(run) == 1 else None))
+    return tiled
 
 
 def _take(model: nn.Module, tensors: dict[str, GGUFTensor], name: str) -> GGUFTensor:
@@ -139,9 +200,11 @@ def _bias(model, tensors, name: str, module: nn.Linear, dtype, device) -> torch.
     return torch.cat([_dense(p, dtype, device) for p in parts])
 
 
-def _linear(parts: list[GGUFTensor], bias, as_shipped: bool, dtype: str | None, floats: torch.dtype,
-            device: torch.device) -> nn.Module:
+def _linear(parts: list[GGUFTensor], bias, as_shipped: bool, isa: int | None, dtype: str | None,
+            floats: torch.dtype, device: torch.device) -> nn.Module:
     rows, columns = sum(p.shape[0] for p in parts), parts[0].shape[1]
+    if isa is not None and all(fits(p.kind, columns) for p in parts):
+        return BlockLinear(_tiled(parts, columns), isa, bias)
     if as_shipped and all(p.kind in INT4_KINDS for p in parts) and Int4Linear.fits(rows, columns):
         groups = [int4_groups(p.kind, p.raw) for p in parts]
         return Int4Linear.from_groups(*(torch.cat(g) for g in zip(*groups, strict=True)), bias)

@@ -14,8 +14,9 @@ identically, on every rank: it is cheap, and a split would only add collectives.
 Grouped-query attention: KV heads are split as evenly as possible, each with the query heads that
 read it (SmolLM2's 3 KV heads over 2 ranks: 1 + 2, with 3 + 6 query heads); when ranks outnumber
 KV heads, each KV head is repeated on world / n_kv ranks and its query heads are split among them.
-Quantized layers are sliced as they are (quant.py `select`): the same 4-bit groups, 8-bit rows and
-scales, never dequantized; a 4-bit split falls on whole groups of 32 inputs.
+Quantized layers are sliced as they are (quant.py, block_quant.py `select`): the same 4-bit groups,
+8-bit rows, GGUF blocks and scales, never dequantized; a split falls on whole groups (32 inputs) or
+blocks (32, or 256 for the K types).
 
 An architecture says which layers these are (PARALLEL_HEADS, PARALLEL_INNER on its attention and
 MLP modules, PARALLEL_VOCAB on the model); the model's own forward code runs unchanged, over the
@@ -34,9 +35,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from nexttok import kernels
+from nexttok.block_quant import BlockEmbedding, BlockLinear
 from nexttok.quant import GROUP, Int4Linear, Int8Linear, Q8Embedding, nibble_order
 
-QUANTIZED = (Int4Linear, Int8Linear)
+QUANTIZED = (Int4Linear, Int8Linear, BlockLinear)
 
 
 @dataclass(frozen=True)
@@ -137,7 +140,8 @@ def shard_model(model: nn.Module, rank: int, world: int, group) -> nn.Module:
         raise ValueError(f"tensor parallelism does not support the {model.config.model_type} architecture")
     if model.compiled is not None:
         raise ValueError("--compile and --tensor-parallel do not combine (the compiled step has no collectives)")
-    unit = GROUP if any(isinstance(m, Int4Linear) for m in model.modules()) else 1
+    unit = max([GROUP if isinstance(m, Int4Linear) else 1 for m in model.modules()] +
+               [kernels.BLOCKS[kind][1] for m in model.modules() if isinstance(m, BlockLinear) for kind in m.kinds])
     for name, module in list(model.named_modules()):
         try:
             if hasattr(module, "PARALLEL_HEADS"):
@@ -180,7 +184,7 @@ def _shard_vocab(model: nn.Module, embed_name: str, head_name: str, rank: int, w
     shares = [split(vocab, r, world, 32) for r in range(world)]
     mine = slice(shares[rank].start, shares[rank].stop)
     tied = isinstance(embedding, nn.Embedding) and getattr(head, "weight", None) is embedding.weight
-    if isinstance(embedding, Q8Embedding):
+    if isinstance(embedding, (Q8Embedding, BlockEmbedding)):
         local = embedding.select(mine)
     else:
         local = nn.Embedding(mine.stop - mine.start, embedding.embedding_dim, device="meta")
