@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from nexttok import kernels
 from nexttok.cache import Cache
 
 # Masks the fast attention kernels express without a tensor, for contiguous positions 0..S-1:
@@ -135,7 +136,15 @@ def attend(
     capture, when given, records the weights of the last query over all keys.
     """
     n_rep = q.shape[1] // k.shape[1]
-    if isinstance(mask, Ragged):
+    if _one_query(q, k, mask):  # decode: our kernel reads the cache's rows in place
+        if mask == ALL:
+            out = kernels.attend(q, k, v)
+        else:
+            out = torch.cat([kernels.attend(q[r : r + 1], k[r : r + 1, :, a:b], v[r : r + 1, :, a:b])
+                             for r, (a, b) in enumerate(mask.spans)])
+        if capture is not None and isinstance(mask, Ragged):
+            mask = _span_mask(mask, k.shape[2], q.device)
+    elif isinstance(mask, Ragged):
         out = torch.cat([F.scaled_dot_product_attention(q[r : r + 1], k[r : r + 1, :, a:b], v[r : r + 1, :, a:b],
                                                         enable_gqa=n_rep > 1)
                          for r, (a, b) in enumerate(mask.spans)])
@@ -149,6 +158,14 @@ def attend(
         k, v = (k.repeat_interleave(n_rep, dim=1), v.repeat_interleave(n_rep, dim=1)) if n_rep > 1 else (k, v)
         capture.attention(q, k, v, mask)  # k, v (B, n_head, S, hd)
     return out
+
+
+def _one_query(q: torch.Tensor, k: torch.Tensor, mask) -> bool:
+    """One new query per row over keys it sees all of (ALL, or a Ragged row's span), float32 on
+    the CPU: what kernels.attend runs (no key span may be empty)."""
+    if q.shape[2] != 1 or not kernels.takes(q) or k.dtype != torch.float32:
+        return False
+    return mask == ALL or (isinstance(mask, Ragged) and all(b > a for a, b in mask.spans))
 
 
 def _span_mask(ragged: Ragged, width: int, device) -> torch.Tensor:

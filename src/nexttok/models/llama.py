@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nexttok import kernels
 from nexttok.cache import Cache
 from nexttok.config import ModelConfig
 from nexttok.models.attention import AttentionCapture, attend_cached, keys_for, masks_for, positions_for
@@ -34,6 +35,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if kernels.takes(x):  # the same steps in one call
+            return kernels.rms_norm(x, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()  # the mean of squares in float32, as the reference does
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -63,6 +66,8 @@ def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate pairs (x[i], x[i + d/2]) by each position's angle. x (B, T, H, D); cos/sin (B, T, 1, D/2)."""
+    if kernels.takes(x):  # the same arithmetic in one call
+        return kernels.rope(x, cos, sin, x.shape[2])
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
@@ -106,8 +111,15 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(inner, hidden, bias=bias)
 
     def forward(self, x):
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(swiglu(self.gate_up_proj(x)))
+
+
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for gate_up = [gate | up] (..., 2 inner) -> (..., inner)."""
+    if kernels.takes(gate_up):  # the same arithmetic in one call
+        return kernels.glu(gate_up, kernels.SILU_MUL)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 class DecoderLayer(nn.Module):
