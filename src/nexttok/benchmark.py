@@ -13,14 +13,17 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import resource
+import signal
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from queue import Empty
 
 import torch
 
+from nexttok import kernels
 from nexttok.cache import KVCache
 from nexttok.export import write_gguf_gpt2
 from nexttok.generate import generate
@@ -203,14 +206,36 @@ def _child(target, cfg, queue) -> None:
 
 
 def run_isolated(target: Callable[[BenchConfig], dict], cfg: BenchConfig) -> dict | str:
-    """target(cfg) in a fresh process; its dict plus peak_rss_mb, or an error string."""
+    """target(cfg) in a fresh process; its dict plus peak_rss_mb, or an error string, also when
+    the child dies without a word (a native crash, the kernel's OOM killer): the parent polls
+    rather than waiting on the queue for ever."""
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     process = context.Process(target=_child, args=(target, cfg, queue))
     process.start()
-    status, payload = queue.get()
+    while True:
+        try:
+            status, payload = queue.get(timeout=0.5)
+            break
+        except Empty:
+            if not process.is_alive():
+                try:  # it may have put its answer just before exiting
+                    status, payload = queue.get(timeout=0.5)
+                    break
+                except Empty:
+                    return f"the engine's process died ({_exit_reason(process.exitcode)}) before reporting"
     process.join()
     return payload if status == "ok" else str(payload)
+
+
+def _exit_reason(code: int | None) -> str:
+    """exit code 1, or signal SIGSEGV (a negative exitcode is the signal that ended it)."""
+    if code is not None and code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
 
 
 def report(results: dict[str, dict | str], bandwidth_gbs: float, cfg: BenchConfig) -> str:
@@ -234,6 +259,7 @@ def report(results: dict[str, dict | str], bandwidth_gbs: float, cfg: BenchConfi
     for n, r in results.items():
         if isinstance(r, str):
             lines.append(f"{n}: skipped ({r})")
+    lines.append(f"block kernels dispatched to: {kernels.describe()}")
     ours = ok.get("nexttok")
     if ours:
         roofline = bandwidth_gbs * 1e9 / ours["weight_bytes"]
