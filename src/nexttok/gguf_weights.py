@@ -176,13 +176,15 @@ def _tiled(parts: list[GGUFTensor], k: int) -> list[kernels.Tiled]:
     tiled = []
     for run in runs:
         rows = [np.asarray(p.raw).reshape(p.shape[0], -1) for p in run]
-        with warnings.catch_warnings():  # the mapping is read-only, and only ever read
-            warnings.simplefilter("ignore", UserWarning)
-            raw = torch.from_numpy(rows[0] if len(run) == 1 else np.concatenate(rows))
-        if len(run) > 1:
+        if len(run) == 1:  # repacked straight from the mapping, its pages given back chunk by chunk
+            with warnings.catch_warnings():  # the mapping is read-only, and only ever read
+                warnings.simplefilter("ignore", UserWarning)
+                raw, done = torch.from_numpy(rows[0]), run[0].release
+        else:  # joined into a copy first: the file's pages go now
+            raw, done = torch.from_numpy(np.concatenate(rows)), None
             for p in run:
                 p.release()
-        tiled.append(kernels.repack(run[0].kind, raw, k, done=run[0].release if len(run) == 1 else None))
+        tiled.append(kernels.repack(run[0].kind, raw, k, done=done))
     return tiled
 
 

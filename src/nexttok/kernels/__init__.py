@@ -4,7 +4,7 @@
                        Q6_K) -> tiles of 8 rows, the same values and scales reordered so that one
                        register holds 4 weights of each of 8 rows (csrc/qtypes.h); unpack undoes it
     quantize(x, mode)  activations (M, K) float32 -> int8 per group of 32 with a float scale and
-                       the sums (optionally after an RMSNorm, or of act(gate)·up)
+                       the sums (optionally of act(gate)·up)
     mm(act, parts)     y (M, N) = x · Wᵀ over such tiles, several parts of mixed types at once
     linear(x, parts)   quantize and mm in one call (+ bias; optionally of act(gate)·up)
     dequantize(...)    rows of a tiled weight as float32 (embedding lookups, checks, viewers)
@@ -40,7 +40,7 @@ ISAS = ("portable", "avx2", "avx512-vnni")  # the isa argument's values 0, 1, 2
 # ggml type numbers of the block formats the kernels run, with (values, bytes) per block
 BLOCKS = {"Q4_0": (2, 32, 18), "Q4_1": (3, 32, 20), "Q5_0": (6, 32, 22), "Q5_1": (7, 32, 24),
           "Q8_0": (8, 32, 34), "Q4_K": (12, 256, 144), "Q5_K": (13, 256, 176), "Q6_K": (14, 256, 210)}
-PLAIN, RMS_NORM, SILU_MUL, GELU_TANH_MUL = 0, 1, 2, 3  # quantize modes
+PLAIN, SILU_MUL, GELU_TANH_MUL = 0, 1, 2  # what linear / quantize / glu take of x
 TILE = 8  # rows per tile
 
 _state: dict[str, object] = {}
@@ -154,9 +154,9 @@ def repack(kind: str, raw: torch.Tensor, k: int, done: Callable[[int, int], None
     """raw (rows, bytes per row) uint8, the file's blocks -> Tiled, about chunk_bytes of the file
     at a time; done(first, stop) is told each run of rows finished (the loader then lets go of the
     file's pages of those rows: a weight never sits in memory twice)."""
-    type_id, elems, size = BLOCKS[kind]
+    type_id = BLOCKS[kind][0]
     rows = raw.shape[0]
-    tiles = torch.empty(((rows + TILE - 1) // TILE, k // elems * unit_bytes(kind)), dtype=torch.uint8)
+    tiles = torch.empty(((rows + TILE - 1) // TILE, load().tile_bytes(type_id, k)), dtype=torch.uint8)
     step = max(TILE, chunk_bytes // max(1, raw.shape[1]) // TILE * TILE)
     for first in range(0, rows, step):
         stop = min(rows, first + step)
@@ -166,24 +166,15 @@ def repack(kind: str, raw: torch.Tensor, k: int, done: Callable[[int, int], None
     return Tiled(kind, tiles, rows, k)
 
 
-def unit_bytes(kind: str) -> int:
-    """Bytes of one file block of 8 rows, repacked (csrc/qtypes.h): unit_bytes("Q4_1") == 160."""
-    type_id, elems, _ = BLOCKS[kind]
-    has_min = kind in ("Q4_1", "Q5_1", "Q4_K", "Q5_K")
-    planes = 256 if kind == "Q8_0" else 128 + 32 * (kind in ("Q5_0", "Q5_1", "Q5_K")) + 64 * (kind == "Q6_K")
-    return (32 if has_min else 16) + elems // 32 * ((16 if elems == 256 else 0) + planes)
-
-
 def unpack(weight: Tiled, rows: torch.Tensor) -> torch.Tensor:
     """Rows (n,) of a tiled weight as the file's own bytes (n, bytes per row)."""
     return torch.ops.nexttok_q.unpack(weight.tiles, weight.type_id, weight.rows, rows, weight.k)
 
 
-def quantize(x: torch.Tensor, isa: int, mode: int = PLAIN, weight: torch.Tensor | None = None,
-             eps: float = 0.0) -> Activations:
-    """x (M, K) float32 -> Activations; RMS_NORM normalises each row first (times weight),
-    SILU_MUL / GELU_TANH_MUL take x = [gate | up] (M, 2K) and quantize act(gate)·up."""
-    return Activations(*torch.ops.nexttok_q.quantize(x, weight, eps, mode, isa))
+def quantize(x: torch.Tensor, isa: int, mode: int = PLAIN) -> Activations:
+    """x (M, K) float32 -> Activations; SILU_MUL / GELU_TANH_MUL take x = [gate | up] (M, 2K)
+    and quantize act(gate)·up."""
+    return Activations(*torch.ops.nexttok_q.quantize(x, mode, isa))
 
 
 def mm(act: Activations, tiles: list[torch.Tensor], types: list[int], rows: list[int], isa: int) -> torch.Tensor:
@@ -231,8 +222,8 @@ def _register_fakes() -> None:
     _state["fakes"] = True
 
     @torch.library.register_fake("nexttok_q::quantize")
-    def _(x, weight, eps, mode, isa):
-        k = x.shape[1] // 2 if mode in (SILU_MUL, GELU_TANH_MUL) else x.shape[1]
+    def _(x, mode, isa):
+        k = x.shape[1] if mode == PLAIN else x.shape[1] // 2
         m = x.shape[0]
         return (x.new_empty((m, k), dtype=torch.int8), x.new_empty((m, k // 32)),
                 x.new_empty((m, k // 16), dtype=torch.int16), x.new_empty((m, k // 32)))

@@ -41,16 +41,11 @@ QuantFn quant_for(int64_t isa) {
     return isa >= 1 ? nq_avx2::quantize_row : nq_generic::quantize_row;
 }
 
-enum Mode { PLAIN = 0, RMS_NORM = 1, SILU_MUL = 2, GELU_TANH_MUL = 3 };
+enum Mode { PLAIN = 0, SILU_MUL = 1, GELU_TANH_MUL = 2 };
 
-// What the matmul's input is made of, one row of K floats into buf.
-void prepare_row(const float* x, int64_t K, int64_t mode, const float* weight, double eps, float* buf) {
-    if (mode == RMS_NORM) {  // RMSNorm in float32: x / sqrt(mean(x²) + eps) · weight
-        double ss = 0;
-        for (int64_t k = 0; k < K; k++) ss += (double)x[k] * x[k];
-        const float inv = 1.0f / std::sqrt((float)(ss / K) + (float)eps);
-        for (int64_t k = 0; k < K; k++) buf[k] = weight[k] * (x[k] * inv);
-    } else if (mode == SILU_MUL) {  // x = [gate | up]: silu(gate) · up
+// act(gate) · up for one row x = [gate | up] of 2K floats into buf (K).
+void prepare_row(const float* x, int64_t K, int64_t mode, float* buf) {
+    if (mode == SILU_MUL) {  // x = [gate | up]: silu(gate) · up
         for (int64_t k = 0; k < K; k++) buf[k] = x[k] / (1.0f + std::exp(-x[k])) * x[K + k];
     } else {  // GELU_TANH_MUL: gelu(gate, tanh approximation) · up
         const float c = 0.7978845608028654f;
@@ -62,16 +57,16 @@ void prepare_row(const float* x, int64_t K, int64_t mode, const float* weight, d
 }
 
 // Rows of x (M rows, ldx floats apart) -> int8 q (M, K), scales d (M, K/32), sums s (M, K/16),
-// ds (M, K/32), after the mode's preparation (RMS_NORM needs w).
-void quantize_rows(const float* xp, int64_t ldx, int64_t M, int64_t K, int64_t mode, const float* w, double eps,
-                   int64_t isa, int8_t* qp, float* dp, int16_t* sp, float* dsp) {
+// ds (M, K/32), of act(gate)·up for the gated modes.
+void quantize_rows(const float* xp, int64_t ldx, int64_t M, int64_t K, int64_t mode, int64_t isa, int8_t* qp,
+                   float* dp, int16_t* sp, float* dsp) {
     QuantFn fn = quant_for(isa);
     at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
         std::vector<float> buf(mode == PLAIN ? 0 : K);
         for (int64_t m = m0; m < m1; m++) {
             const float* row = xp + m * ldx;
             if (mode != PLAIN) {
-                prepare_row(row, K, mode, w, eps, buf.data());
+                prepare_row(row, K, mode, buf.data());
                 row = buf.data();
             }
             fn(row, K, qp + m * K, dp + m * (K / 32), sp + m * (K / 16), dsp + m * (K / 32));
@@ -83,25 +78,18 @@ int64_t input_width(const at::Tensor& x, int64_t mode, const char* op) {
     TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
                 "nexttok_q.", op, ": x must be a contiguous float32 (M, K) tensor");
     TORCH_CHECK(mode >= PLAIN && mode <= GELU_TANH_MUL, "nexttok_q.", op, ": unknown mode ", mode);
-    const int64_t K = (mode == SILU_MUL || mode == GELU_TANH_MUL) ? x.size(1) / 2 : x.size(1);
+    const int64_t K = mode == PLAIN ? x.size(1) : x.size(1) / 2;
     TORCH_CHECK(K % 32 == 0 && K > 0, "nexttok_q.", op, ": K must be a positive multiple of 32, got ", K);
     return K;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize(const at::Tensor& x, const std::optional<at::Tensor>& weight,
-                                                        double eps, int64_t mode, int64_t isa) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize(const at::Tensor& x, int64_t mode, int64_t isa) {
     const int64_t M = x.size(0), K = input_width(x, mode, "quantize");
-    const float* w = nullptr;
-    if (mode == RMS_NORM) {
-        TORCH_CHECK(weight.has_value() && weight->scalar_type() == at::kFloat && weight->is_contiguous() &&
-                        weight->numel() == K, "nexttok_q.quantize: RMS_NORM needs a float32 weight of K values");
-        w = weight->data_ptr<float>();
-    }
     auto q = at::empty({M, K}, x.options().dtype(at::kChar));
     auto d = at::empty({M, K / 32}, x.options());
     auto s = at::empty({M, K / 16}, x.options().dtype(at::kShort));
     auto ds = at::empty({M, K / 32}, x.options());
-    quantize_rows(x.data_ptr<float>(), x.size(1), M, K, mode, w, eps, isa, q.data_ptr<int8_t>(), d.data_ptr<float>(),
+    quantize_rows(x.data_ptr<float>(), x.size(1), M, K, mode, isa, q.data_ptr<int8_t>(), d.data_ptr<float>(),
                   s.data_ptr<int16_t>(), ds.data_ptr<float>());
     return {q, d, s, ds};
 }
@@ -219,7 +207,6 @@ struct Scratch {
 at::Tensor linear(const at::Tensor& x, at::TensorList weights, at::IntArrayRef types, at::IntArrayRef rows,
                   const std::optional<at::Tensor>& bias, int64_t mode, int64_t isa) {
     const int64_t K = input_width(x, mode, "linear"), M = x.size(0);
-    TORCH_CHECK(mode != RMS_NORM, "nexttok_q.linear: RMS_NORM is quantize's mode only");
     gemm_for(isa);
     const int64_t N = check_parts(weights, types, rows, K, "linear");
     if (bias.has_value())
@@ -230,8 +217,8 @@ at::Tensor linear(const at::Tensor& x, at::TensorList weights, at::IntArrayRef t
     scratch.d.resize(M * (K / 32));
     scratch.ds.resize(M * (K / 32));
     scratch.s.resize(M * (K / 16));
-    quantize_rows(x.data_ptr<float>(), x.size(1), M, K, mode, nullptr, 0.0, isa, scratch.q.data(), scratch.d.data(),
-                  scratch.s.data(), scratch.ds.data());
+    quantize_rows(x.data_ptr<float>(), x.size(1), M, K, mode, isa, scratch.q.data(), scratch.d.data(), scratch.s.data(),
+                  scratch.ds.data());
     auto out = at::empty({M, N}, x.options());
     float* op = out.data_ptr<float>();
     gemm_parts(scratch.q.data(), scratch.d.data(), scratch.s.data(), scratch.ds.data(), M, K, weights, types, rows,
@@ -284,7 +271,7 @@ at::Tensor glu(const at::Tensor& x, int64_t mode) {
     const float* xp = src.data_ptr<float>();
     float* op = out.data_ptr<float>();
     at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
-        for (int64_t m = m0; m < m1; m++) prepare_row(xp + m * 2 * K, K, mode, nullptr, 0.0, op + m * K);
+        for (int64_t m = m0; m < m1; m++) prepare_row(xp + m * 2 * K, K, mode, op + m * K);
     });
     return out;
 }
@@ -382,7 +369,7 @@ int64_t features() {
 }  // namespace
 
 TORCH_LIBRARY(nexttok_q, m) {
-    m.def("quantize(Tensor x, Tensor? weight, float eps, int mode, int isa) -> (Tensor, Tensor, Tensor, Tensor)");
+    m.def("quantize(Tensor x, int mode, int isa) -> (Tensor, Tensor, Tensor, Tensor)");
     m.def("mm(Tensor q, Tensor d, Tensor s, Tensor ds, Tensor[] weights, int[] types, int[] rows, int isa) -> Tensor");
     m.def("repack(Tensor raw, int type, int k) -> Tensor");
     m.def("repack_into(Tensor raw, int type, int k, Tensor(a!) out) -> ()");
@@ -411,6 +398,7 @@ TORCH_LIBRARY_IMPL(nexttok_q, CPU, m) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
     module.def("features", &features, "bit 0: AVX2+FMA; bit 1: AVX-512 VNNI");
+    module.def("tile_bytes", &tile_bytes, "bytes of one tile of 8 rows of K values of a type (qtypes.h)");
     // the eager path calls these directly: a pybind call costs ~1 us less than torch.ops' dispatch
     module.def("linear", [](const at::Tensor& x, const std::vector<at::Tensor>& weights, const std::vector<int64_t>& types,
                             const std::vector<int64_t>& rows, const std::optional<at::Tensor>& bias, int64_t mode,
