@@ -27,14 +27,8 @@ from nexttok.detokenizer import IncrementalDetokenizer
 from nexttok.errors import InvalidParameter
 from nexttok.models import Model
 from nexttok.sampling import SamplerChain, SamplingParams, StageRecord, check_token_ids
+from nexttok.scoring import Alternative, PromptScores
 from nexttok.tokenizer import Tokenizer
-
-
-@dataclass
-class Alternative:
-    id: int
-    text: str
-    logprob: float
 
 
 @dataclass
@@ -75,7 +69,8 @@ class Generation:
     def __init__(self, config: ModelConfig, tokenizer: Tokenizer, prompt_ids: list[int], params: SamplingParams, *,
                  max_tokens: int | None = 256, stop: str | Sequence[str] | None = None,
                  stop_token_ids: Sequence[int] | None = None, top_n: int = 5, record_stages: bool = False,
-                 device="cpu", context_limit: int | None = None, constraint=None):
+                 device="cpu", context_limit: int | None = None, constraint=None,
+                 prompt_top_n: int | None = None):
         stops = _check_generation_args(max_tokens, stop)
         check_token_ids(params.logit_bias, config.vocab_size)  # now, not at the first token
         self.tokenizer, self.prompt_ids, self.top_n, self.record_stages = tokenizer, prompt_ids, top_n, record_stages
@@ -87,7 +82,10 @@ class Generation:
         self.stop_ids = set(config.eos_token_id if stop_token_ids is None else stop_token_ids)
         limit = context_window(config, context_limit)
         check_prompt_fits(len(prompt_ids), limit)  # a clear error for callers that skip prompt_ids_for
-        self.max_len = min(limit, len(prompt_ids) + max_tokens) if max_tokens else limit
+        self.max_len = min(limit, len(prompt_ids) + max_tokens) if max_tokens is not None else limit
+        self.max_tokens = max_tokens  # 0: the prompt is only prefilled (and scored), nothing generated
+        # prompt_top_n not None: the prefill scores every prompt token (with its top_n alternatives)
+        self.prompt_scores = PromptScores(tokenizer, prompt_ids, prompt_top_n) if prompt_top_n is not None else None
         self.detok, self.held = IncrementalDetokenizer(tokenizer, skip_special=True), StopStrings(stops)
         self.tokens: list[int] = []
         self.finish_reason: str | None = None
@@ -139,8 +137,13 @@ def generate_step(model: Model, generation: Generation, *, use_cache: bool = Tru
         start = time.perf_counter()
         with torch.inference_mode():
             inputs = pending if use_cache else torch.tensor([context], device=device)
-            logits = model(inputs, cache, last_only=True)[0, -1]  # (vocab,)
-            step = generation.sample(logits, time.perf_counter() - start, prefill)
+            scores = generation.prompt_scores if prefill else None
+            logits = model(inputs, cache, last_only=scores is None)[0]  # (positions, vocab)
+            if scores is not None:
+                scores.add(0, logits)
+            if generation.max_tokens == 0:
+                return
+            step = generation.sample(logits[-1], time.perf_counter() - start, prefill)
         yield step
         if step.finish_reason:
             return
@@ -177,13 +180,17 @@ class StopStrings:
         return released
 
 
-def _check_generation_args(max_tokens, stop) -> list[str]:
-    if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 1):
-        raise InvalidParameter("max_tokens", "max_tokens must be an integer >= 1 (or None: until the "
+def _check_generation_args(max_tokens, stop, least: int = 0) -> list[str]:
+    """least: 0 where a generation may only score its prompt (the server's max_tokens: 0), else 1."""
+    if max_tokens is not None and (type(max_tokens) is not int or max_tokens < least):
+        score = " (0: score the prompt only)" if least == 0 else ""
+        raise InvalidParameter("max_tokens", f"max_tokens must be an integer >= {least}{score} (or None: until the "
                                f"context is full), got {max_tokens!r}")
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     if not all(isinstance(s, str) for s in stops):
         raise InvalidParameter("stop", "stop must be a string or a list of strings")
+    if "" in stops:  # it would stop nothing (StopStrings skips it): a mistake, not a wish
+        raise InvalidParameter("stop", f"stop strings must not be empty, got {stops!r}")
     return stops
 
 
@@ -224,6 +231,7 @@ def stream(model: Model, tokenizer: Tokenizer, prompt: str | Sequence[int],
            constraint=None) -> Iterator[Step]:
     """Generate, yielding a Step per token; the last one carries finish_reason. constraint: a
     grammar.Constraint for this generation (its own: it advances with every token)."""
+    _check_generation_args(max_tokens, stop, least=1)  # a stream yields at least one Step
     ids = prompt_ids_for(model, tokenizer, prompt)
     generation = Generation(model.config, tokenizer, ids, params or SamplingParams(), max_tokens=max_tokens,
                             stop=stop, stop_token_ids=stop_token_ids, top_n=top_n, record_stages=record_stages,

@@ -17,8 +17,9 @@ from nexttok.server.engine import ServedModel, find_served
 from nexttok.server.errors import APIError
 from nexttok.server.responses import ChatFormat, CompletionFormat, ResponseFormat, ToolCallFormat
 from nexttok.server.schemas import ChatRequest, CompletionRequest, OutputFormat, SamplingFields
-from nexttok.server.streaming import Run, respond
-from nexttok.tools import Tool, parse_choice, parse_tools, reply_schema, with_tools
+from nexttok.server.scoring import best_choices, fim_ids, prompt_text, score_prompts
+from nexttok.server.streaming import Run, close, respond
+from nexttok.tools import Tool, from_functions, parse_choice, parse_tools, reply_schema, with_tools
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -32,6 +33,7 @@ class GenerationPlan:
     stop: tuple[str, ...]
     top_n: int = 0  # top alternatives (logprobs) recorded per token
     schema: dict | None = None  # the JSON schema the output follows (response_format, tools): a grammar stage
+    prompt_top_n: int | None = None  # score the prompt's tokens too, with this many alternatives (echo)
 
     @classmethod
     def of(cls, body: SamplingFields, max_tokens: int | None, top_n: int) -> GenerationPlan:
@@ -55,7 +57,8 @@ class GenerationPlan:
         """Choice `index` of the request, over the prompt `ids`."""
         return Generation(served.model.config, served.tokenizer, ids, self.params_for_choice(index),
                           max_tokens=self.max_tokens, stop=self.stop, top_n=self.top_n,
-                          context_limit=served.context_length, constraint=self.constraint(served))
+                          context_limit=served.context_length, constraint=self.constraint(served),
+                          prompt_top_n=self.prompt_top_n)
 
     def constraint(self, served: ServedModel) -> Constraint | None:
         """A new grammar stage for one choice (a matcher follows one text), or None."""
@@ -79,48 +82,104 @@ def _output_schema(output: OutputFormat | None) -> dict | None:
 def install_generation_routes(app: FastAPI) -> None:
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest):
-        served = find_served(app.state.models, body.model)
-        prompts = _completion_prompts(served, body.prompt)
-        max_tokens = body.max_tokens if body.max_tokens is not None else DEFAULT_COMPLETION_TOKENS
-        plan = GenerationPlan.of(body, max_tokens, top_n=body.logprobs or 0)
-        jobs = [(p, i * body.n + k) for i, p in enumerate(prompts) for k in range(body.n)]
-        fmt = CompletionFormat(served.name, served.tokenizer, logprobs=body.logprobs is not None)
-        return await _respond(served, body, jobs, plan, fmt)
+        return await _complete(find_served(app.state.models, body.model), body)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest):
-        served = find_served(app.state.models, body.model)
-        if served.chat_template is None:
-            raise APIError(400, f"model {served.name!r} has no chat template; use /v1/completions",
-                           param="messages", code="no_chat_template")
-        if body.top_logprobs is not None and not body.logprobs:
-            raise InvalidParameter("top_logprobs", "top_logprobs requires logprobs to be true")
-        tools, choice = _tools_of(body)
-        messages, extra = body.messages, {}
-        if tools:
-            messages = with_tools(messages, tools, choice)
-            if served.chat_template.accepts_tools:
-                extra["tools"] = body.tools
-        ids = _prompt_ids(served, served.tokenizer.encode(served.chat_template.render(messages, **extra)))
-        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        plan = GenerationPlan.of(body, max_tokens, top_n=(body.top_logprobs or 0) if body.logprobs else 0)
-        if tools:
-            plan = replace(plan, schema=reply_schema(tools, choice, body.parallel_tool_calls is not False))
-        kind = ToolCallFormat if tools else ChatFormat
-        fmt = kind(served.name, served.tokenizer, logprobs=body.logprobs, top_logprobs=body.top_logprobs or 0)
-        return await _respond(served, body, [(ids, k) for k in range(body.n)], plan, fmt)
+        return await _chat(find_served(app.state.models, body.model), body)
+
+
+async def _complete(served: ServedModel, body: CompletionRequest):
+    """/v1/completions: n (or best_of) choices per prompt; echo puts the prompt (and with logprobs
+    its own scores) before each; max_tokens 0 scores the prompts without generating."""
+    prompts = _completion_prompts(served, body.prompt, body.suffix)
+    max_tokens = body.max_tokens if body.max_tokens is not None else DEFAULT_COMPLETION_TOKENS
+    scored = body.echo and body.logprobs is not None  # the prompt's own logprobs come back
+    plan = replace(GenerationPlan.of(body, max_tokens, top_n=body.logprobs or 0),
+                   prompt_top_n=body.logprobs if scored else None)
+    fmt = CompletionFormat(served.name, served.tokenizer, logprobs=body.logprobs is not None)
+    if max_tokens == 0:
+        return await score_prompts(served, body, prompts, plan, fmt)
+    best_of = _best_of(body)
+    runs = []
+    for i, ids in enumerate(prompts):
+        for k in range(best_of):
+            generation = plan.generation(served, ids, i * best_of + k)
+            if body.echo:
+                fmt.echo(i * best_of + k, prompt_text(served, body.prompt, i, ids), generation.prompt_scores)
+            runs.append(Run(ids, i * best_of + k, served.scheduler.submit(generation), k == 0))
+    if best_of > body.n:
+        return await best_choices(runs, fmt, body.n, best_of)
+    return await _answer(body, runs, fmt)
+
+
+async def _chat(served: ServedModel, body: ChatRequest):
+    """/v1/chat/completions: the messages through the chat template, tools (or the deprecated
+    functions) as a grammar over the reply."""
+    if served.chat_template is None:
+        raise APIError(400, f"model {served.name!r} has no chat template; use /v1/completions",
+                       param="messages", code="no_chat_template")
+    if body.top_logprobs is not None and not body.logprobs:
+        raise InvalidParameter("top_logprobs", "top_logprobs requires logprobs to be true")
+    _check_text_only(body)
+    legacy = body.functions is not None  # the deprecated functions / function_call pair
+    if legacy:
+        if body.tools is not None:
+            raise InvalidParameter("functions", "give tools or functions, not both")
+        tools_list, tool_choice = from_functions(body.functions, body.function_call)
+        body = body.model_copy(update={"tools": tools_list, "tool_choice": tool_choice})
+    tools, choice = _tools_of(body)
+    messages, extra = body.messages, {}
+    if tools:
+        messages = with_tools(messages, tools, choice)
+        if served.chat_template.accepts_tools:
+            extra["tools"] = body.tools
+    ids = _prompt_ids(served, served.tokenizer.encode(served.chat_template.render(messages, **extra)))
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    plan = GenerationPlan.of(body, max_tokens, top_n=(body.top_logprobs or 0) if body.logprobs else 0)
+    if tools:
+        # one call per reply unless the request asks for more (llama.cpp's default too)
+        plan = replace(plan, schema=reply_schema(tools, choice, body.parallel_tool_calls is True))
+    shape = dict(logprobs=body.logprobs, top_logprobs=body.top_logprobs or 0)
+    fmt = (ToolCallFormat(served.name, served.tokenizer, legacy=legacy, **shape) if tools
+           else ChatFormat(served.name, served.tokenizer, **shape))
+    return await _respond(served, body, [(ids, k) for k in range(body.n)], plan, fmt)
 
 
 async def _respond(served: ServedModel, body: SamplingFields, jobs: Sequence[tuple[list[int], int]],
                    plan: GenerationPlan, fmt: ResponseFormat):
     """Submit every (prompt ids, choice index) job together, then answer as the body asks. Choice
     index = prompt number × n + choice of that prompt."""
-    if body.stream_options is not None and not body.stream:
-        raise InvalidParameter("stream_options", "stream_options is only allowed when stream is true")
     runs = [Run(ids, index, served.scheduler.submit(plan.generation(served, ids, index)), index % body.n == 0)
             for ids, index in jobs]
+    return await _answer(body, runs, fmt)
+
+
+async def _answer(body: SamplingFields, runs: list[Run], fmt: ResponseFormat):
+    if body.stream_options is not None and not body.stream:
+        await close(runs)
+        raise InvalidParameter("stream_options", "stream_options is only allowed when stream is true")
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return await respond(runs, fmt, stream=body.stream, include_usage=include_usage)
+
+
+def _best_of(body: CompletionRequest) -> int:
+    """Choices to generate per prompt: best_of (at least n; never streamed, as OpenAI has it)."""
+    if body.best_of is None or body.best_of == body.n:
+        return body.n
+    if body.best_of < body.n:
+        raise InvalidParameter("best_of", f"best_of ({body.best_of}) must be at least n ({body.n})")
+    if body.stream:
+        raise InvalidParameter("best_of", "best_of cannot be used with stream")
+    return body.best_of
+
+
+def _check_text_only(body: ChatRequest) -> None:
+    """The models here read and write text: audio output is refused, not silently dropped."""
+    if body.audio is not None:
+        raise InvalidParameter("audio", "audio output is not available: this server answers with text")
+    if body.modalities is not None and "audio" in body.modalities:
+        raise InvalidParameter("modalities", 'modalities: only ["text"] is available here')
 
 
 def _tools_of(body: ChatRequest) -> tuple[list[Tool], str | Tool]:
@@ -139,10 +198,14 @@ def _tools_of(body: ChatRequest) -> tuple[list[Tool], str | Tool]:
     return tools, choice
 
 
-def _completion_prompts(served: ServedModel, prompt: str | list[int] | list[str]) -> list[list[int]]:
-    """Token ids of each prompt (the schema bounds their number and rejects empty lists)."""
+def _completion_prompts(served: ServedModel, prompt: str | list[int] | list[str],
+                        suffix: str | None = None) -> list[list[int]]:
+    """Token ids of each prompt (the schema bounds their number and rejects empty lists); with a
+    suffix, each in the model's fill-in-the-middle form."""
     if isinstance(prompt, str) or all(isinstance(p, int) for p in prompt):
         prompt = [prompt]
+    if suffix is not None:
+        return [_prompt_ids(served, fim_ids(served.tokenizer, p, suffix)) for p in prompt]
     return [_prompt_ids(served, p) for p in prompt]
 
 

@@ -44,6 +44,7 @@ import torch
 
 from nexttok.cache import SlotCache
 from nexttok.models import Model
+from nexttok.scoring import PromptScores
 from nexttok.server.metrics import Metrics
 
 # Tokens per block, which is also the prefill chunk. Smaller blocks reuse more of a prompt (on
@@ -67,18 +68,22 @@ def prefill_chunks(start: int, end: int, block: int = BLOCK) -> list[tuple[int, 
 
 
 def prefill(model: Model, cache: SlotCache, slot: int, ids: list[int], prefix: PrefixCache | None,
-            block: int = BLOCK) -> torch.Tensor:
+            block: int = BLOCK, scores: PromptScores | None = None) -> torch.Tensor:
     """Run a prompt into slot (empty, just claimed) and return its last token's logits (vocab,).
     The prompt's whole blocks are taken from the prefix cache where it has them and given to it
-    afterwards. The result is bit-identical with or without a prefix cache."""
+    afterwards. The result is bit-identical with or without a prefix cache. scores: every prompt
+    token is scored from its chunk's logits, so nothing is taken from the prefix cache (its blocks
+    hold keys and values, not logits); the blocks are still given to it."""
     assert prefix is None or prefix.block == block, "the prefix cache's blocks are the prefill's chunks"
-    start = prefix.load(ids, cache, slot) if prefix is not None else 0
+    start = prefix.load(ids, cache, slot) if prefix is not None and scores is None else 0
     device = cache.store.k.device
     for a, b in prefill_chunks(start, len(ids), block):
-        logits = model(torch.tensor([ids[a:b]], device=device), cache.row(slot), last_only=True)[0, -1]
+        logits = model(torch.tensor([ids[a:b]], device=device), cache.row(slot), last_only=scores is None)[0]
+        if scores is not None:
+            scores.add(a, logits)
     if prefix is not None:
         prefix.store(ids, cache, slot)
-    return logits
+    return logits[-1]
 
 
 @dataclass(eq=False)

@@ -7,6 +7,7 @@ import uuid
 from dataclasses import dataclass
 
 from nexttok.generate import Step
+from nexttok.scoring import PromptScores
 from nexttok.tools import read_reply
 
 
@@ -70,10 +71,23 @@ class ResponseFormat:
 
 
 class CompletionFormat(ResponseFormat):
-    """/v1/completions: logprobs as {tokens, token_logprobs, top_logprobs, text_offset}."""
+    """/v1/completions: logprobs as {tokens, token_logprobs, top_logprobs, text_offset}; with echo,
+    each choice starts with its prompt (and the prompt's own logprobs, the first token's null)."""
 
     object_name = chunk_object = "text_completion"
     prefix = "cmpl"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.echoed: dict[int, tuple[str, PromptScores | None]] = {}
+
+    def echo(self, index: int, text: str, scores: PromptScores | None) -> None:
+        """Choice `index` echoes its prompt: the text, and its scores when logprobs were asked for
+        (filled by the prefill, before the choice's first step or its end)."""
+        self.echoed[index] = (text, scores)
+
+    def envelope(self) -> dict:
+        return self._envelope(self.chunk_object)
 
     def _logprobs(self, steps, offset: int = 0) -> dict | None:
         """text_offset: where each token's text starts in the choice's whole text (a stream's
@@ -88,12 +102,32 @@ class CompletionFormat(ResponseFormat):
                 "top_logprobs": [{a.text: a.logprob for a in s.top} for s in steps],
                 "text_offset": offsets}
 
+    def _prompt_logprobs(self, index: int) -> dict | None:
+        text, scores = self.echoed[index]
+        if not self.logprobs:
+            return None
+        tokens = scores.tokens if scores is not None else []
+        return {"tokens": [t.text for t in tokens], "token_logprobs": [t.logprob for t in tokens],
+                "top_logprobs": [None if t.logprob is None else {a.text: a.logprob for a in t.top} for t in tokens],
+                "text_offset": [min(t.offset, len(text)) for t in tokens]}
+
     def choice(self, index: int, steps) -> dict:
-        return {"index": index, "text": "".join(s.text for s in steps), "logprobs": self._logprobs(steps),
-                "finish_reason": steps[-1].finish_reason}
+        """Choice `index` from its steps (none when max_tokens was 0)."""
+        text, logprobs = "".join(s.text for s in steps), self._logprobs(steps)
+        if index in self.echoed:
+            prompt, before = self.echoed[index][0], self._prompt_logprobs(index)
+            after = self._logprobs(steps, len(prompt))
+            text = prompt + text
+            logprobs = None if before is None else {key: before[key] + after[key] for key in before}
+        return {"index": index, "text": text, "logprobs": logprobs,
+                "finish_reason": steps[-1].finish_reason if steps else "length"}
 
     def start_chunks(self, index: int) -> list[dict]:
-        return []
+        if index not in self.echoed:
+            return []
+        choice = {"index": index, "text": self.echoed[index][0], "logprobs": self._prompt_logprobs(index),
+                  "finish_reason": None}
+        return [{**self._envelope(self.chunk_object), "choices": [choice]}]
 
     def step_chunk(self, index: int, step, offset: int) -> dict | None:
         if not step.text and not step.finish_reason and not self.logprobs:
@@ -145,17 +179,29 @@ class ChatFormat(ResponseFormat):
 class ToolCallFormat(ChatFormat):
     """/v1/chat/completions with tools: the reply (JSON in tools.py's format) read back into
     OpenAI's `tool_calls` (finish_reason "tool_calls") or `content`. A stream holds the JSON back
-    and sends the calls (or the content) in the choice's last chunk, once the reply is whole."""
+    and sends the calls (or the content) in the choice's last chunk, once the reply is whole. A
+    reply cut by max_tokens ends with finish_reason "length" and never shows the JSON.
+    legacy: the request used the deprecated `functions`: one `function_call`, finish_reason
+    "function_call"."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, legacy: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         self.held: dict[int, list[str]] = {}
+        self.legacy = legacy
+
+    def _calls(self, calls: list[dict], streamed: bool) -> tuple[dict, str]:
+        """(the message fields of the calls, the finish reason)."""
+        if self.legacy:
+            return {"function_call": calls[0]["function"]}, "function_call"
+        if streamed:
+            return {"tool_calls": [{"index": k, **call} for k, call in enumerate(calls)]}, "tool_calls"
+        return {"tool_calls": calls}, "tool_calls"
 
     def choice(self, index: int, steps) -> dict:
         content, calls = read_reply("".join(s.text for s in steps))
-        message = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
-        return {"index": index, "message": message, "logprobs": self._logprobs(steps),
-                "finish_reason": "tool_calls" if calls else steps[-1].finish_reason}
+        fields, finish = self._calls(calls, False) if calls else ({}, steps[-1].finish_reason)
+        message = {"role": "assistant", "content": content, **fields}
+        return {"index": index, "message": message, "logprobs": self._logprobs(steps), "finish_reason": finish}
 
     def step_chunk(self, index: int, step, offset: int) -> dict | None:
         held = self.held.setdefault(index, [])
@@ -163,8 +209,6 @@ class ToolCallFormat(ChatFormat):
         if not step.finish_reason:
             return None
         content, calls = read_reply("".join(held))
-        delta = ({"tool_calls": [{"index": k, **call} for k, call in enumerate(calls)]} if calls
-                 else {"content": content})
-        choice = {"index": index, "delta": delta, "logprobs": None,
-                  "finish_reason": "tool_calls" if calls else step.finish_reason}
+        delta, finish = self._calls(calls, True) if calls else ({"content": content}, step.finish_reason)
+        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
         return {**self._envelope(self.chunk_object), "choices": [choice]}

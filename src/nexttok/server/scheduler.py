@@ -50,6 +50,9 @@ class GenerationFailed(Exception):
     """Something broke inside one request's generation (the others go on)."""
 
 
+PREFILLED = "prefilled"  # what a generation with max_tokens 0 yields once its prompt is scored
+
+
 @dataclass
 class Job:
     generation: Generation
@@ -102,7 +105,8 @@ class Scheduler:
     # -- the request side (event loop) ----------------------------------------------------------
 
     async def submit(self, generation: Generation) -> AsyncGenerator[Step, None]:
-        """Steps of one generation as the worker produces them."""
+        """Steps of one generation as the worker produces them (none when its max_tokens is 0: the
+        generator ends once the prompt is prefilled, its scores in generation.prompt_scores)."""
         if self._stopping:
             raise ShuttingDown("the server is shutting down")
         job = Job(generation, asyncio.get_running_loop(), asyncio.Queue())
@@ -122,6 +126,9 @@ class Scheduler:
                 item = await job.out.get()
                 if isinstance(item, Exception):
                     raise item
+                if item is PREFILLED:
+                    finished = True
+                    return
                 finished = item.finish_reason is not None
                 yield item
                 if finished:
@@ -203,11 +210,18 @@ class Scheduler:
     def _prefill(self, slot: int, job: Job) -> None:
         start = time.perf_counter()
         try:
+            generation = job.generation
             with torch.inference_mode():
-                logits = prefill(self.model, self.cache, slot, job.generation.prompt_ids, self.prefix)
-                step = job.generation.sample(logits, time.perf_counter() - start, True)
+                logits = prefill(self.model, self.cache, slot, generation.prompt_ids, self.prefix,
+                                 scores=generation.prompt_scores)
+                step = None if generation.max_tokens == 0 else generation.sample(logits, time.perf_counter() - start,
+                                                                                 True)
         except Exception as e:  # this request fails; the others go on
             self._fail(slot, job, e)
+            return
+        if step is None:
+            job.emit(PREFILLED)
+            self._release(slot)
             return
         self.metrics.observe("time_to_first_token_seconds", time.perf_counter() - job.submitted)
         self._deliver(slot, job, step)

@@ -17,6 +17,7 @@ MAX_TOP_LOGPROBS = 20
 TokenId = Annotated[int, Field(ge=0)]
 TokenIdKey = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,9}$")]
 Bias = Annotated[float, Field(**PARAMETERS["logit_bias"].limits())]
+NonEmpty = Annotated[str, StringConstraints(min_length=1)]
 
 
 def bounded(name: str, default: Any = None, **overrides: Any) -> Any:
@@ -65,28 +66,53 @@ class SamplingFields(Strict):
     repetition_penalty: float | None = bounded("repetition_penalty")
     logit_bias: dict[TokenIdKey, Bias] | None = None
     seed: int | None = bounded("seed")
-    stop: str | Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
+    stop: NonEmpty | Annotated[list[NonEmpty], Field(max_length=MAX_STOP)] | None = None
     n: int = Field(1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: str | None = None
+    user: str | None = Field(None, description="accepted, ignored")
     response_format: OutputFormat | None = None
 
 
 class CompletionRequest(SamplingFields):
     prompt: (str | Annotated[list[TokenId], Field(min_length=1)]
              | Annotated[list[str], Field(min_length=1, max_length=MAX_N)])
+    max_tokens: int | None = Field(None, ge=0, description="0: score the prompt only (with echo and logprobs)")
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, description="top alternatives per token")
+    echo: bool = Field(False, description="the prompt comes back before the completion (with logprobs: "
+                                          "the prompt's own logprobs, the first token's null)")
+    suffix: str | None = Field(None, description="text after the completion: fill-in-the-middle, on models "
+                                                 "with FIM tokens")
+    best_of: int | None = Field(None, ge=1, le=MAX_N, description="choices generated per prompt; the n with "
+                                                                  "the highest mean logprob are returned")
 
 
 class ChatRequest(SamplingFields):
     messages: Annotated[list[dict[str, Any]], Field(min_length=1)]
     tools: Annotated[list[dict[str, Any]], Field(min_length=1, max_length=64)] | None = None
     tool_choice: Literal["auto", "none", "required"] | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: bool | None = Field(None, description="more than one call per reply; default false")
+    functions: Annotated[list[dict[str, Any]], Field(min_length=1, max_length=64)] | None = Field(
+        None, description="deprecated form of tools: answered with message.function_call")
+    function_call: Literal["auto", "none"] | dict[str, Any] | None = None
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, description="needs logprobs: true")
+    modalities: list[Literal["text", "audio"]] | None = Field(None, description='only ["text"] here')
+    audio: dict[str, Any] | None = Field(None, description="refused: this server answers with text")
+    # OpenAI fields that change nothing here; accepted so that SDKs that send them work unchanged
+    metadata: dict[str, str] | None = Field(None, description="accepted, not stored")
+    store: bool | None = Field(None, description="accepted; nothing is stored")
+    service_tier: str | None = Field(None, description="accepted; one tier here")
+    reasoning_effort: str | None = Field(None, description="accepted; the models here do not reason apart")
+    verbosity: Literal["low", "medium", "high"] | None = Field(None, description="accepted, no effect")
+    prediction: dict[str, Any] | None = Field(None, description="accepted, not used for drafting")
+    safety_identifier: str | None = Field(None, description="accepted, ignored")
+    prompt_cache_key: str | None = Field(None, description="accepted; the prefix cache matches by tokens")
+    prompt_cache_retention: str | None = Field(None, description="accepted; see --prefix-cache")
+    prompt_cache_options: dict[str, Any] | None = Field(None, description="accepted, ignored")
+    moderation: dict[str, Any] | None = Field(None, description="accepted; no moderation here")
+    web_search_options: dict[str, Any] | None = Field(None, description="accepted; no web search here")
 
 
 class TokenizeRequest(Strict):

@@ -46,16 +46,18 @@ async def respond(runs: list[Run], fmt: ResponseFormat, *, stream: bool,
 
 async def collect(runs: list[Run], first: Step, fmt: ResponseFormat) -> dict:
     """All choices at once; they were submitted together, so they decode in one batch."""
-    async def steps_of(n: int, run: Run) -> list[Step]:
-        return [s async for s in _chain([first] if n == 0 else [], run.steps)]
-
-    collected = await asyncio.gather(*(steps_of(n, run) for n, run in enumerate(runs)))
+    collected = await asyncio.gather(*(steps_of(run, [first] if n == 0 else []) for n, run in enumerate(runs)))
     usage = Usage()
     choices = []
     for run, steps in zip(runs, collected, strict=True):
         choices.append(fmt.choice(run.index, steps))
         usage.add(run.prompt_tokens, len(steps))
     return fmt.response(choices, usage)
+
+
+async def steps_of(run: Run, first: list[Step] | None = None) -> list[Step]:
+    """Every step of one run (first: those already taken from it)."""
+    return [s async for s in _chain(first or [], run.steps)]
 
 
 async def close(runs: list[Run]) -> None:
@@ -69,10 +71,12 @@ async def events(runs: list[Run], first: Step, fmt: ResponseFormat, include_usag
     usage = Usage()
     try:
         for n, run in enumerate(runs):
-            for chunk in fmt.start_chunks(run.index):
-                yield event(chunk, include_usage)
             count = sent = 0  # steps, and characters of text sent so far
             async for step in _chain([first] if n == 0 else [], run.steps):
+                if count == 0:  # a choice opens once its prefill is done (echo sends the prompt's scores)
+                    for chunk in fmt.start_chunks(run.index):
+                        yield event(chunk, include_usage)
+                        sent += len(chunk["choices"][0].get("text", ""))
                 count += 1
                 chunk = fmt.step_chunk(run.index, step, sent)
                 sent += len(step.text)
