@@ -15,6 +15,7 @@ JSON schema (`parameters`), so they always parse. The reply is read back into Op
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass
 
@@ -51,6 +52,15 @@ def parse_tools(tools) -> list[Tool]:
     return parsed
 
 
+def from_functions(functions: list, function_call) -> tuple[list[dict], str | dict | None]:
+    """OpenAI's deprecated `functions` / `function_call` as (tools, tool_choice):
+    function_call "auto" | "none" | {"name": ...} -> the same choice of those tools."""
+    tools = [{"type": "function", "function": f} for f in functions]
+    if isinstance(function_call, dict):
+        return tools, {"type": "function", "function": {"name": function_call.get("name")}}
+    return tools, function_call
+
+
 def parse_choice(choice, tools: list[Tool]) -> str | Tool:
     """tool_choice → "auto" | "none" | "required" | the named Tool."""
     if choice is None:
@@ -67,8 +77,9 @@ def parse_choice(choice, tools: list[Tool]) -> str | Tool:
                            '{"type": "function", "function": {"name": ...}}')
 
 
-def reply_schema(tools: list[Tool], choice: str | Tool, parallel: bool = True) -> dict:
-    """The JSON schema the model's reply must follow under tool_choice."""
+def reply_schema(tools: list[Tool], choice: str | Tool, parallel: bool = False) -> dict:
+    """The JSON schema the model's reply must follow under tool_choice; one call unless parallel
+    (OpenAI's parallel_tool_calls, which llama.cpp's server also defaults to false)."""
     chosen = [choice] if isinstance(choice, Tool) else tools
     calls = [{"type": "object", "properties": {"name": {"const": t.name}, "arguments": t.parameters},
               "required": ["name", "arguments"], "additionalProperties": False} for t in chosen]
@@ -108,13 +119,14 @@ def with_tools(messages: list[dict], tools: list[Tool], choice: str | Tool) -> l
 
 
 def read_reply(text: str) -> tuple[str | None, list[dict]]:
-    """(content, tool_calls) of a reply in the generic format, as OpenAI returns them; a reply that
-    does not parse (cut by max_tokens) is returned as content, with no calls.
-    read_reply('{"response": "hi"}') == ("hi", [])"""
+    """(content, tool_calls) of a reply in the generic format, as OpenAI returns them. A reply cut
+    short (max_tokens) never shows the format's JSON: a cut call is no content and no call, a cut
+    {"response": ...} its text so far.
+    read_reply('{"response": "hi"}') == ("hi", []); read_reply('{"response": "hi th') == ("hi th", [])"""
     try:
         reply = json.loads(text)
     except ValueError:
-        return text, []
+        return _cut_reply(text), []
     if isinstance(reply, dict) and isinstance(reply.get("tool_calls"), list):
         return None, [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
                        "function": {"name": call["name"], "arguments": json.dumps(call["arguments"],
@@ -123,3 +135,21 @@ def read_reply(text: str) -> tuple[str | None, list[dict]]:
     if isinstance(reply, dict) and isinstance(reply.get("response"), str):
         return reply["response"], []
     return text, []
+
+
+_CUT_RESPONSE = re.compile(r'\s*\{\s*"response"\s*:\s*"')
+
+
+def _cut_reply(text: str) -> str | None:
+    """The text of a reply the grammar was still writing when it stopped: the part of a
+    {"response": "..."} string written so far, or None inside a call (or before either began)."""
+    opened = _CUT_RESPONSE.match(text)
+    if opened is None:
+        return None
+    rest = text[opened.end():]
+    for cut in range(len(rest), max(-1, len(rest) - 8), -1):  # drop a half-written escape (\u12)
+        try:
+            return json.loads(f'"{rest[:cut]}"')
+        except ValueError:
+            continue
+    return None
