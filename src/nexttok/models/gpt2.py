@@ -107,17 +107,24 @@ class GPT2(nn.Module):
         """ids (B, T) -> logits (B, T, vocab). positions (B, T), -1 = padding; default: next ones.
         last_only: logits of the last position only (B, 1, vocab), all a generation step needs.
         capture: records what a viewer asks for (attention weights) on the way."""
+        x = self._stream(ids, cache, positions, capture)
+        if last_only:
+            x = x[:, -1:]
+        return self.head(x)
+
+    def final_hidden(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids (B, T) of a fresh sequence -> (B, T, hidden): after ln_f, what lm_head reads."""
+        return self.ln_f(self._stream(ids, None, None, None))
+
+    def _stream(self, ids, cache, positions, capture) -> torch.Tensor:
+        """The residual stream (B, T, hidden) after the last block, before ln_f."""
         q_pos = positions_for(ids, cache, positions, self.config.max_position_embeddings)
         k_pos, contiguous = keys_for(q_pos, cache, explicit=positions is not None)  # (B, S)
         masks = masks_for(q_pos, k_pos, {None}, contiguous, cache)
         x = self.embed(ids) + self.wpe(q_pos.clamp(min=0))  # (B, T, hidden)
         if self.compiled is not None and self.compiled.takes(ids, cache, capture):
-            x = self.compiled.run(self.h, x, (), [masks[None]] * len(self.h), cache)
-        else:
-            x = self._blocks(x, masks, cache, capture)
-        if last_only:
-            x = x[:, -1:]
-        return self.head(x)
+            return self.compiled.run(self.h, x, (), [masks[None]] * len(self.h), cache)
+        return self._blocks(x, masks, cache, capture)
 
     def _blocks(self, x, masks, cache, capture):
         if capture is not None:

@@ -180,6 +180,17 @@ class Llama(nn.Module):
         """ids (B, T) -> logits (B, T, vocab). positions (B, T), -1 = padding; default: next ones.
         last_only: logits of the last position only (B, 1, vocab), all a generation step needs.
         capture: records what a viewer asks for (attention weights) on the way."""
+        x = self._stream(ids, cache, positions, capture)
+        if last_only:
+            x = x[:, -1:]
+        return self.head(x)
+
+    def final_hidden(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids (B, T) of a fresh sequence -> (B, T, hidden): after the final norm, what lm_head reads."""
+        return self.norm(self._stream(ids, None, None, None))
+
+    def _stream(self, ids, cache, positions, capture) -> torch.Tensor:
+        """The residual stream (B, T, hidden) after the last layer, before the final norm."""
         q_pos = positions_for(ids, cache, positions, self.config.max_position_embeddings)
         k_pos, contiguous = keys_for(q_pos, cache, explicit=positions is not None)  # (B, S)
         masks = masks_for(q_pos, k_pos, self._windows, contiguous, cache)
@@ -187,12 +198,8 @@ class Llama(nn.Module):
         rope = self.rope(q_pos, x.dtype)  # cos, sin (B, T, 1, hd/2)
         if self.compiled is not None and self.compiled.takes(ids, cache, capture):
             layer_masks = [masks[layer.self_attn.window] for layer in self.layers]
-            x = self.compiled.run(self.layers, x, rope, layer_masks, cache)
-        else:
-            x = self._layers(x, rope, masks, cache, capture)
-        if last_only:
-            x = x[:, -1:]
-        return self.head(x)
+            return self.compiled.run(self.layers, x, rope, layer_masks, cache)
+        return self._layers(x, rope, masks, cache, capture)
 
     def inverse_frequencies(self) -> torch.Tensor:
         """Radians per position of each rotated pair of dimensions (head_dim // 2,)."""

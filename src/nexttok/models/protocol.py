@@ -42,4 +42,10 @@ class Model(Protocol):
         the soft cap, where the architecture has one): what forward returns for the last layer."""
         ...
 
+    def final_hidden(self, ids: torch.Tensor) -> torch.Tensor:
+        """The final hidden states (B, T, hidden) of a fresh sequence ids (B, T), no cache: the
+        residual stream after the last layer and the final norm, what lm_head reads (HF's
+        last_hidden_state). The server's /v1/embeddings pools them."""
+        ...
+
     def parameters(self) -> Iterator[torch.nn.Parameter]: ...

@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from nexttok.generate import context_window
 from nexttok.server.auth import install_api_key
 from nexttok.server.completions import install_generation_routes
+from nexttok.server.embeddings import install_embedding_routes
 from nexttok.server.engine import ServedModel, find_served
 from nexttok.server.errors import install_error_handlers
 from nexttok.server.explainer import install_explainer
@@ -51,6 +52,7 @@ def create_app(models: list[ServedModel], *, api_key: str | None = None,
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
     install_routes(app)
     install_generation_routes(app)
+    install_embedding_routes(app)
     install_explainer(app, lambda name: find_served(app.state.models, name))
     app.openapi = lambda: openapi_spec(app, api_key is not None)
     return app
