@@ -168,6 +168,19 @@ def test_bad_arguments(gpt2, tiny):
         generate(ours, gpt2, [500])
 
 
+def test_an_empty_stop_string_is_refused(gpt2):
+    """It stopped nothing, silently: a caller who sent one meant something else."""
+    model = ScriptedModel([1, 2], prompt_len=1)
+    calls = [lambda stop: generate(model, gpt2, [1], stop=stop), lambda stop: next(stream(model, gpt2, [1], stop=stop)),
+             lambda stop: Generation(model.config, gpt2, [1], GREEDY, stop=stop)]
+    for stop in ("", ["\n", ""]):
+        for call in calls:
+            with pytest.raises(InvalidParameter, match="^stop strings must not be empty") as raised:
+                call(stop)
+            assert raised.value.param == "stop"
+    assert generate(model, gpt2, [1], stop=["\n"], max_tokens=2).token_ids == [1, 2]  # a real one still passes
+
+
 def test_logit_bias_is_checked_against_the_vocabulary_when_the_generation_is_made(gpt2, tiny):
     _, ours = tiny
     with pytest.raises(InvalidParameter, match="logit_bias token id 128 is outside the vocabulary \\(0..127\\)"):

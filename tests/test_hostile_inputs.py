@@ -1,11 +1,16 @@
 """Hostile checkpoints get a one-line error that says what is wrong, never a traceback: a truncated
 GGUF, a config too big for memory, a vocabulary-only GGUF given to `run` (whose tokenizer still
-loads alone, whatever its architecture)."""
+loads alone, whatever its architecture). So do hostile command-line values: a port that is not one
+or is taken (and the process then ends), an empty stop string."""
 
 from __future__ import annotations
 
 import json
 import re
+import socket
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -196,3 +201,56 @@ def test_run_on_a_vocabulary_only_gguf_says_it_holds_no_weights(vocab_gguf, caps
     with pytest.raises(GGUFError, match=f"^{re.escape(message)}$"):
         read_gguf(vocab_gguf)
     assert _cli_error(["run", str(vocab_gguf), "hi"], capsys) == f"error: {message}"
+
+
+# --- hostile command-line values (issue 24): one line, status 2, and the process ends --------
+
+def _nexttok(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """The real CLI in a process of its own: what a hang or a thread left running would keep alive."""
+    return subprocess.run([sys.executable, "-m", "nexttok", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def _one_error_line(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
+    return result.stderr.strip()
+
+
+@pytest.mark.parametrize("port", ["70000", "0", "-1"])
+def test_serve_refuses_a_port_that_is_not_one(port):
+    assert _one_error_line(_nexttok("serve", "--port", port)) == f"error: --port {port} is not a TCP port (1-65535)"
+
+
+@pytest.fixture
+def busy_port():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        yield taken.getsockname()[1]
+
+
+def test_serve_on_a_busy_port_says_so_before_loading_anything(busy_port):
+    start = time.monotonic()
+    err = _one_error_line(_nexttok("serve", "--port", str(busy_port)))
+    assert err == f"error: --port {busy_port}: cannot listen on 127.0.0.1:{busy_port} (Address already in use)"
+    assert time.monotonic() - start < 30  # no model was loaded first
+
+
+def test_serve_ends_when_uvicorn_cannot_start(busy_port, chat_model_dir):
+    """The port taken after the CLI's own check (its check skipped here): uvicorn gives up in its
+    thread, and the scheduler in the main thread must end too, not serve nobody forever."""
+    code = ("import sys; from nexttok.cli import main, serve; serve._listen = lambda host, port: None; "
+            f"sys.exit(main(['serve', {str(chat_model_dir)!r}, '--port', '{busy_port}']))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (f"error: the HTTP server on 127.0.0.1:{busy_port} could not "
+                                                      "start (uvicorn's error above)")
+
+
+@pytest.mark.parametrize("command", ["run", "explain"])
+def test_an_empty_stop_string_is_refused_before_the_model_loads(capsys, monkeypatch, command):
+    from nexttok.cli import common
+
+    monkeypatch.setattr(common, "load", lambda *a: pytest.fail("the model was loaded first"))
+    assert _cli_error([command, "default", "x", "--stop", "\n", "--stop", ""], capsys) == \
+        'error: --stop "": a stop string must not be empty'

@@ -22,11 +22,14 @@ import httpx
 import pytest
 import torch
 
+from nexttok import parallel_group
 from nexttok.cache import KVCache, SlotCache
+from nexttok.cli import main
+from nexttok.config import ModelConfig
 from nexttok.generate import generate
 from nexttok.loading import load_checkpoint, load_model
 from nexttok.parallel import RankFailed, model_on, start
-from nexttok.parallel_layers import head_split, split
+from nexttok.parallel_layers import check_world, head_split, split
 from nexttok.quant import Int4Linear, Int8Linear, Q8Embedding
 from nexttok.sampling import SamplingParams
 from tiny_models import write_tiny
@@ -85,6 +88,59 @@ def test_heads_split_with_the_kv_heads_they_read():
     with pytest.raises(ValueError, match="3 ranks cannot share 1 KV heads of 4 query heads each"):
         head_split(4, 1, 0, 3)
     assert split(96, 1, 2, 32) == range(32, 96) and split(50257, 1, 2, 32) == range(25128, 50257)
+
+
+SMOLLM2 = ModelConfig(model_type="llama", vocab_size=49152, hidden_size=576, num_hidden_layers=30,
+                      num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536,
+                      max_position_embeddings=8192)  # SmolLM2-135M's shape: the default model
+
+
+def _splits(config: ModelConfig, world: int) -> bool:
+    try:
+        check_world(config, world)
+    except ValueError:
+        return False
+    return True
+
+
+def test_the_model_is_checked_to_split_over_the_ranks():
+    """3 KV heads split over 1, 2 (1 + 2) or 3 ranks, or over 9 with each KV head on 3 ranks and
+    one of its 3 query heads on each (the README's and head_split's rule); nothing else."""
+    assert [n for n in range(1, 65) if _splits(SMOLLM2, n)] == [1, 2, 3, 9]
+    with pytest.raises(ValueError, match=r"^--tensor-parallel 64: the model has 3 KV heads \(9 attention heads\); "
+                                         r"use 1, 2, 3 or 9 ranks \(at most the KV heads, or a multiple of them "
+                                         r"that divides the attention heads\)$"):
+        check_world(SMOLLM2, 64)
+    tiny = ModelConfig(model_type="llama", vocab_size=128, hidden_size=64, num_hidden_layers=1, num_attention_heads=8,
+                       num_key_value_heads=8, intermediate_size=64, max_position_embeddings=64)
+    assert _splits(tiny, 4)
+    with pytest.raises(ValueError, match=r"^--tensor-parallel 5: the model's vocabulary \(128\) splits over at most "
+                                         r"4 ranks$"):
+        check_world(tiny, 5)
+
+
+def test_more_ranks_than_the_model_splits_over_fail_before_any_starts():
+    """`run --tensor-parallel 64` started 64 processes on 2 cores and hung past 90 s."""
+    begun = time.monotonic()
+    result = _nexttok("run", "--tensor-parallel", "64", "--max-tokens", "1", "hi")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("error: --tensor-parallel 64: the model has 3 KV heads (9 attention heads); "
+                                    "use 1, 2, 3 or 9 ranks")
+    assert time.monotonic() - begun < 60
+
+
+def test_more_ranks_than_cpu_cores_fail_before_any_starts(capsys, monkeypatch):
+    import psutil
+
+    monkeypatch.setattr(parallel_group, "cpu_cores", lambda: 2)
+    before = {child.pid for child in psutil.Process().children()}
+    with pytest.raises(ValueError, match="^--tensor-parallel 3: this machine has 2 CPU cores and each rank started "
+                                         r"here needs one of its own; use at most 2 \(torchrun"):
+        start(3, device="cpu")
+    assert main(["run", "--tensor-parallel", "3", "--device", "cpu", "hi"]) == 2  # the model splits over 3
+    err = capsys.readouterr().err
+    assert err.startswith("error: --tensor-parallel 3: this machine has 2 CPU cores") and err.count("\n") == 1
+    assert {child.pid for child in psutil.Process().children()} == before  # none was started
 
 
 def test_quantized_shards_keep_the_same_values():
@@ -272,3 +328,49 @@ def _stream_lines(url: str, prompt: str) -> list[str]:
     body = {"model": "tiny", "prompt": prompt, "max_tokens": 3000, "stream": True, "logit_bias": {"50256": -100}}
     with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as response:
         return [line for line in response.iter_lines() if line]
+
+
+PARENT = ("import time; from nexttok.parallel import start; group = start(2, timeout=30); "
+          "print('joined', flush=True); time.sleep(120)")
+
+
+def _gone(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE  # dead, not yet reaped by its new parent
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.parametrize("when", ["starting", "following"])
+def test_started_ranks_die_with_a_killed_rank_0(when):
+    """SIGKILL gives rank 0 no time to stop the ranks it started: they must go by themselves, and
+    quietly (the terminal has moved on), not wait 30 minutes for a rendezvous that will never come
+    or print gloo's errors into the next command."""
+    import psutil
+
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rank = None
+    try:
+        if when == "following":
+            lines: list[str] = []
+            reader = threading.Thread(target=lambda: lines.append(parent.stdout.readline()), daemon=True)
+            reader.start()
+            reader.join(timeout=120)
+            assert lines == ["joined\n"], parent.poll()
+        deadline = time.monotonic() + 60
+        while not psutil.Process(parent.pid).children() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        (rank,) = psutil.Process(parent.pid).children()
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while not _gone(rank.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _gone(rank.pid), f"rank 1 (pid {rank.pid}) outlived rank 0 by 10 s"
+        assert "lost the group" not in parent.stderr.read()  # the rank's stderr was rank 0's
+    finally:
+        for process in (parent, rank):
+            if process is not None and not _gone(process.pid):
+                process.kill()

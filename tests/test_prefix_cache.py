@@ -155,6 +155,7 @@ def test_serve_passes_the_option_on(monkeypatch):
     monkeypatch.setattr(server, "load_served", lambda *a, **k: SimpleNamespace(name="m"))
     monkeypatch.setattr(server, "create_app", lambda served, **k: seen.append(k["limits"]))
     monkeypatch.setattr(server, "serve_in_main_thread", lambda *a, **k: None)
+    monkeypatch.setattr("nexttok.cli.serve._listen", lambda host, port: None)  # port 8000 may be taken here
     assert main(["serve", "m", "--prefix-cache-tokens", "0"]) == 0
     assert main(["serve", "m"]) == 0
     assert [limits.prefix_cache_tokens for limits in seen] == [0, 8192]

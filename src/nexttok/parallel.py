@@ -30,11 +30,14 @@ import torch
 from torch import nn
 
 from nexttok.cache import KVCache, SlotCache
+from nexttok.config import ModelConfig, from_hf_config, read_config
+from nexttok.errors import InvalidParameter
 from nexttok.loading import Checkpoint, load_checkpoint, load_model
 from nexttok.parallel_cache import CacheLog, Mirrored, Replicas
 from nexttok.parallel_group import DEFAULT_TIMEOUT, STOP, RankFailed, RankGroup, join, start
-from nexttok.parallel_layers import head_split, shard_model
-from nexttok.sources import resolve_checkpoint
+from nexttok.parallel_layers import check_world, head_split, shard_model
+from nexttok.parallel_parent import orphaned
+from nexttok.sources import open_gguf, resolve_checkpoint
 
 __all__ = ["RankFailed", "TensorParallel", "follow", "load_on", "load_parallel", "model_on", "start"]
 _keys = itertools.count()
@@ -101,6 +104,9 @@ class TensorParallel(nn.Module):
     def head(self, x: torch.Tensor) -> torch.Tensor:
         raise ValueError("the output layer on its own is not available with --tensor-parallel")
 
+    def final_hidden(self, ids: torch.Tensor) -> torch.Tensor:
+        raise InvalidParameter("model", "embeddings (final hidden states) are not available with --tensor-parallel")
+
     def unload(self) -> None:
         """Free the other ranks' shards of this model."""
         with self.group.talking():
@@ -117,7 +123,8 @@ def load_parallel(source: str, *, world: int, dtype: str | None = None, device: 
         return load_checkpoint(source, dtype=dtype, device=device, compile=compile)
     if compile:
         raise ValueError("--compile and --tensor-parallel do not combine (the compiled step has no collectives)")
-    resolve_checkpoint(source)  # a wrong name fails here, before any rank starts
+    path = resolve_checkpoint(source)  # a wrong name fails here, before any rank starts,
+    check_world(_config(path), world)  # and so does a model that does not split over `world` ranks
     group = start(world, device=device, timeout=timeout, threads=threads)
     if group.rank != 0:
         _follow_then_exit(lambda: group, group.rank)
@@ -127,6 +134,11 @@ def load_parallel(source: str, *, world: int, dtype: str | None = None, device: 
     except BaseException:
         group.close()
         raise
+
+
+def _config(path) -> ModelConfig:
+    """The config of a checkpoint directory or .gguf file, its weights unread."""
+    return from_hf_config(open_gguf(path).config) if path.is_file() else read_config(path)
 
 
 def load_on(group: RankGroup, source: str, *, dtype: str | None = None) -> Checkpoint:
@@ -207,19 +219,22 @@ def _run(model: nn.Module, replicas: Replicas, call: Call, device: torch.device)
         pass
 
 
-def follower_main(rank: int, world: int, port: int, device: str, timeout: float, threads: int | None) -> None:
-    """A rank started by rank 0 on this machine (parallel_group._spawn)."""
+def follower_main(rank: int, world: int, port: int, device: str, timeout: float, threads: int | None,
+                  parent: int | None = None) -> None:
+    """A rank started by rank 0 (process `parent`) on this machine (parallel_group._spawn)."""
     if threads:
         torch.set_num_threads(threads)
-    _follow_then_exit(lambda: join(rank, world, port, device, timeout), rank)
+    _follow_then_exit(lambda: join(rank, world, port, device, timeout), rank, parent)
 
 
-def _follow_then_exit(joined, rank: int) -> None:
+def _follow_then_exit(joined, rank: int, parent: int | None = None) -> None:
     """Join the group (joined() -> RankGroup), follow rank 0, exit: 0 when told to stop, 1 (one
-    line on stderr) when the group is lost."""
+    line on stderr) when the group is lost; 1 without a word when rank 0, its parent, is gone
+    (the terminal has moved on: a line then would land in the middle of the next command)."""
     try:
         follow(joined())
     except RuntimeError as e:  # rank 0 or another rank is gone, or hung past the timeout
-        print(f"nexttok: tensor-parallel rank {rank} lost the group: {e}", file=sys.stderr)
+        if not orphaned(parent, wait=0.5):
+            print(f"nexttok: tensor-parallel rank {rank} lost the group: {e}", file=sys.stderr)
         raise SystemExit(1) from None
     raise SystemExit(0)

@@ -3,7 +3,8 @@ rank ends the run.
 
 Start: under torchrun (RANK and WORLD_SIZE set) every process joins the group torchrun describes;
 otherwise rank 0 starts the others itself, on this machine, as child processes (python -c ...
-follow()) that rendezvous at a TCPStore rank 0 opens on 127.0.0.1 (a port the OS picks).
+follow()) that rendezvous at a TCPStore rank 0 opens on 127.0.0.1 (a port the OS picks), at
+most one per CPU core (or GPU): checked before any starts.
 Backends: gloo on CPU, NCCL on CUDA (one GPU per rank, by LOCAL_RANK) for the model's collectives;
 rank 0's messages (what to load, each forward call) always go over a gloo group of their own.
 
@@ -13,7 +14,8 @@ Failure, within bounded time, never a silent hang:
 - a rank that dies closes its sockets: the others' next collective fails at once;
 - rank 0 sends a heartbeat when idle (every timeout / 4) that every rank answers, so the others
   notice a lost rank 0, and rank 0 a dead or hung rank, even while no request runs;
-- rank 0 watches the processes it started: one that exits ends the run with its exit status.
+- rank 0 watches the processes it started: one that exits ends the run with its exit status;
+  they watch rank 0 in turn, and die with it (parallel_parent.py): none is ever left behind.
 A failure is reported once (RankFailed, a ConnectionError: the CLI prints it as one line) and to
 every callback registered (the server stops).
 """
@@ -188,10 +190,13 @@ def start(world: int, *, device: str | None = None, timeout: float = DEFAULT_TIM
         raise ValueError(f"--tensor-parallel needs at least 2 ranks to start a group, got {world!r}")
     if not timeout > 0:
         raise ValueError(f"the tensor-parallel timeout must be > 0 seconds, got {timeout!r}")
+    target = _pick_device(device)
+    launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ  # by torchrun, maybe over machines
+    if not launched:
+        check_local_world(world, target)  # before any rank starts
     if dist.is_initialized():
         raise ValueError("a torch.distributed group is already running in this process")
-    target = _pick_device(device)
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun: its rendezvous (env://)
+    if launched:  # torchrun: its rendezvous (env://)
         rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         if size != world:
             raise ValueError(f"--tensor-parallel {world}, but the launcher started {size} processes (WORLD_SIZE)")
@@ -211,6 +216,23 @@ def start(world: int, *, device: str | None = None, timeout: float = DEFAULT_TIM
         raise
 
 
+def check_local_world(world: int, device: torch.device) -> None:
+    """Ranks started on this machine: at most one per CPU core (one per GPU on CUDA). More cannot be
+    faster (they would share the cores, and every collective waits for the slowest rank), and each
+    is a process that imports torch: 64 of them on 2 cores spent minutes just starting."""
+    have, what = (torch.cuda.device_count(), "GPUs") if device.type == "cuda" else (cpu_cores(), "CPU cores")
+    if world > have:
+        raise ValueError(f"--tensor-parallel {world}: this machine has {have} {what} and each rank started here "
+                         f"needs one of its own; use at most {have} (torchrun spreads more over several machines)")
+
+
+def cpu_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask: a container's share, not the host's)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def join(rank: int, world: int, port: int, device: str, timeout: float) -> RankGroup:
     """A rank started by rank 0 on this machine: join its group at 127.0.0.1:port."""
     store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timedelta(seconds=STARTUP_TIMEOUT))
@@ -227,9 +249,12 @@ def _init(rank: int, world: int, device: torch.device, timeout: float, children:
 def _spawn(rank: int, world: int, port: int, device: torch.device, timeout: float,
            threads: int | None) -> subprocess.Popen:
     """Start rank `rank` on this machine: a child that joins the group at 127.0.0.1:port and
-    follows rank 0. Its own session, so a Ctrl-C reaches rank 0 only (which then stops it)."""
-    code = (f"from nexttok.parallel import follower_main; "
-            f"follower_main({rank}, {world}, {port}, {device.type!r}, {timeout!r}, {threads!r})")
+    follows rank 0. Its own session, so a Ctrl-C reaches rank 0 only (which then stops it); its
+    first statement watches this process, so that it dies with rank 0 (parallel_parent.py)."""
+    parent, deathsig = os.getpid(), threading.current_thread() is threading.main_thread()
+    code = (f"from nexttok.parallel_parent import watch_parent; watch_parent({parent}, {deathsig}); "
+            f"from nexttok.parallel import follower_main; "
+            f"follower_main({rank}, {world}, {port}, {device.type!r}, {timeout!r}, {threads!r}, parent={parent})")
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, start_new_session=True)
 
 

@@ -64,6 +64,35 @@ def head_split(n_head: int, n_kv: int, rank: int, world: int) -> Heads:
     return Heads(range(start, start + per), range(kv, kv + 1))
 
 
+def check_world(config, world: int) -> None:
+    """Raise (one line naming --tensor-parallel) unless a model of this config splits over `world`
+    ranks: its heads (head_split), its MLP's inner width and its vocabulary (split). Checked before
+    any rank starts. SmolLM2-135M (9 heads, 3 KV heads) splits over 1, 2, 3 or 9 ranks."""
+    n_head, n_kv = config.num_attention_heads, config.num_key_value_heads
+    if not _heads_split(n_head, n_kv, world):
+        fits = [n for n in range(1, n_head + 1) if _heads_split(n_head, n_kv, n)]
+        listed = ", ".join(map(str, fits[:-1])) + f" or {fits[-1]}" if len(fits) > 1 else str(fits[0])
+        raise ValueError(f"--tensor-parallel {world}: the model has {n_kv} KV heads ({n_head} attention heads); "
+                         f"use {listed} ranks (at most the KV heads, or a multiple of them that divides the "
+                         "attention heads)")
+    for what, n, unit in (("MLP inner width", config.intermediate_size, 1), ("vocabulary", config.vocab_size, 32)):
+        try:
+            for rank in range(world):
+                split(n, rank, world, unit)
+        except ValueError:
+            units = n // unit if n % unit == 0 else n
+            raise ValueError(f"--tensor-parallel {world}: the model's {what} ({n}) splits over at most {units} "
+                             "ranks") from None
+
+
+def _heads_split(n_head: int, n_kv: int, world: int) -> bool:
+    try:
+        head_split(n_head, n_kv, 0, world)  # its rule is the same for every rank
+    except ValueError:
+        return False
+    return True
+
+
 def split(n: int, rank: int, world: int, unit: int = 1) -> range:
     """Rank's share of n in whole units (as even as those allow): split(96, 1, 2, 32) == range(32, 96)."""
     unit = unit if n % unit == 0 else 1

@@ -43,6 +43,13 @@ def sampling_params(args: argparse.Namespace):
                           min_p=args.min_p, repetition_penalty=args.repetition_penalty, seed=args.seed)
 
 
+def stop_strings(args: argparse.Namespace) -> list[str]:
+    """--stop's values, checked before the model loads: an empty one would stop nothing."""
+    if "" in args.stop:
+        raise ValueError('--stop "": a stop string must not be empty')
+    return args.stop
+
+
 def model_and_prompt(args: argparse.Namespace) -> tuple[str, str]:
     if len(args.inputs) > 2:
         raise ValueError(f"expected [MODEL] PROMPT, got {len(args.inputs)} arguments (quote the prompt)")

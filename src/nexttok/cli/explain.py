@@ -18,13 +18,13 @@ def cmd_explain(args: argparse.Namespace, out: Console) -> int:
         raise ValueError(f"--steps and --top must be >= 1, got {args.steps} and {args.top}")
     focus = _attention_focus(args.attention)  # checked before the model loads, like the sampling values
     name, prompt = common.model_and_prompt(args)
-    params = common.sampling_params(args)
+    params, stops = common.sampling_params(args), common.stop_strings(args)
     model, tokenizer = common.load(name, args)
     ids = prompt_ids_for(model, tokenizer, prompt)
     chips = " ".join(f"[reverse]{common.escape(common.visible(p.text))}[/][dim]{p.id}[/]"
                      for p in tokenizer.pieces(ids))
     out.print(f"[bold]prompt[/] → {len(ids)} tokens: {chips}")
-    steps = stream(model, tokenizer, ids, params, max_tokens=args.steps, stop=args.stop,
+    steps = stream(model, tokenizer, ids, params, max_tokens=args.steps, stop=stops,
                    top_n=args.top, record_stages=True)
     text, path = "", []
     for step in steps:

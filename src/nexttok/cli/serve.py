@@ -11,6 +11,41 @@ from nexttok.cli import common
 
 
 def cmd_serve(args: argparse.Namespace, out: Console) -> int:
+    sock = _listen(args.host, args.port)  # before anything slow: a bad or busy port fails at once
+    try:
+        return _serve(args, sock)
+    finally:
+        if sock is not None:
+            sock.close()
+
+
+def _listen(host: str, port: int):
+    """The server's socket, bound to host:port before any model loads (then handed to uvicorn, so
+    nothing can take the port in between). None on a torchrun rank other than 0: it never serves."""
+    import os
+    import socket
+
+    if not 1 <= port <= 65535:
+        raise ValueError(f"--port {port} is not a TCP port (1-65535)")
+    if int(os.environ.get("RANK", "0") or 0) != 0:
+        return None
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise ValueError(f"--host {host}: not an address of this machine ({e.strerror})") from None
+    # "localhost" may resolve to ::1 first: IPv4 then, where 127.0.0.1 clients look
+    family, kind, proto, _, address = min(found, key=lambda entry: entry[0] != socket.AF_INET)
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a port in TIME_WAIT is free
+    try:
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"--port {port}: cannot listen on {host}:{port} ({e.strerror})") from None
+    return sock
+
+
+def _serve(args: argparse.Namespace, sock) -> int:
     import os
 
     from nexttok.server import ServerLimits, create_app, load_served, serve_in_main_thread
@@ -40,7 +75,7 @@ def cmd_serve(args: argparse.Namespace, out: Console) -> int:
     err.print(f"serving {', '.join(m.name for m in served)} on http://{args.host}:{args.port} "
               f"({'API key required' if api_key else 'no API key'})")
     try:
-        serve_in_main_thread(app, served, host=args.host, port=args.port, log_level=args.log_level)
+        serve_in_main_thread(app, served, host=args.host, port=args.port, log_level=args.log_level, sock=sock)
     finally:
         if group is not None:
             group.close()

@@ -60,6 +60,7 @@ def cmd_run(args: argparse.Namespace, out: Console) -> int:
 
     name, prompt = common.model_and_prompt(args)
     params = common.sampling_params(args)  # checked before the model loads
+    stops = common.stop_strings(args)
     schema = _output_schema(args)
     model, tokenizer = common.load(name, args)
     err = Console(stderr=True)
@@ -70,7 +71,7 @@ def cmd_run(args: argparse.Namespace, out: Console) -> int:
         config = model.config
         constraint = Constraint.json_schema(tokenizer, config.vocab_size, schema, config.eos_token_id,
                                             "--json-schema" if args.json_schema else "--format")
-    steps = stream(model, tokenizer, prompt, params, max_tokens=args.max_tokens, stop=args.stop,
+    steps = stream(model, tokenizer, prompt, params, max_tokens=args.max_tokens, stop=stops,
                    use_cache=not args.no_cache, constraint=constraint)
     prefill = decode = 0.0
     count, finish = 0, None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import uvicorn
@@ -28,14 +29,19 @@ class Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def serve_in_main_thread(app, served: list[ServedModel], *, host: str, port: int, log_level: str) -> None:
+def serve_in_main_thread(app, served: list[ServedModel], *, host: str, port: int, log_level: str,
+                         sock: socket.socket | None = None) -> None:
     """Run the first model's scheduler in this (main) thread and uvicorn in another; Ctrl-C or
-    SIGTERM end open streams cleanly, then exit. Requires create_app(..., start_schedulers=False)."""
+    SIGTERM end open streams cleanly, then exit. Requires create_app(..., start_schedulers=False).
+    sock: a socket already bound to host:port (None: uvicorn binds it). When uvicorn cannot start,
+    or stops on its own, the schedulers stop too and OSError says so: no process left scheduling
+    for nobody."""
     import signal
     import threading
 
     server = Server(app, host=host, port=port, log_level=log_level)
-    http = threading.Thread(target=server.run, name="nexttok-http", daemon=True)
+    ended: list[str] = []
+    http = threading.Thread(target=_run_http, args=(server, sock, ended), name="nexttok-http", daemon=True)
     for other in served[1:]:
         other.scheduler.start()
 
@@ -52,6 +58,22 @@ def serve_in_main_thread(app, served: list[ServedModel], *, host: str, port: int
         http.join(timeout=30)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    if ended:
+        raise OSError(f"the HTTP server on {host}:{port} {ended[0]}")
+
+
+def _run_http(server: Server, sock: socket.socket | None, ended: list[str]) -> None:
+    """uvicorn, until told to exit. When it gives up instead (a port it cannot bind, a failed
+    startup: SystemExit, after logging why), `ended` says so and the schedulers stop, which ends
+    the main thread. (Not server.should_exit: the app's own shutdown has set it by then.)"""
+    try:
+        server.run(sockets=None if sock is None else [sock])
+    except SystemExit:
+        ended.append("could not start (uvicorn's error above)")
+    except Exception as e:
+        ended.append(f"{'stopped' if server.started else 'could not start'} ({type(e).__name__}: {e})")
+    if ended:
+        server.app.state.shutdown()
 
 
 def load_served(source: str, name: str | None = None, *, dtype=None, device=None, compile=False) -> ServedModel:
