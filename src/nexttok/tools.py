@@ -77,21 +77,26 @@ def parse_choice(choice, tools: list[Tool]) -> str | Tool:
                            '{"type": "function", "function": {"name": ...}}')
 
 
-def reply_schema(tools: list[Tool], choice: str | Tool, parallel: bool = False) -> dict:
+def reply_schema(tools: list[Tool], choice: str | Tool, parallel: bool = False, max_calls: int | None = None) -> dict:
     """The JSON schema the model's reply must follow under tool_choice; one call unless parallel
-    (OpenAI's parallel_tool_calls, which llama.cpp's server also defaults to false)."""
+    (OpenAI's parallel_tool_calls, which llama.cpp's server also defaults to false), then up to
+    max_calls (None: any number)."""
     chosen = [choice] if isinstance(choice, Tool) else tools
     calls = [{"type": "object", "properties": {"name": {"const": t.name}, "arguments": t.parameters},
               "required": ["name", "arguments"], "additionalProperties": False} for t in chosen]
     items = calls[0] if len(calls) == 1 else {"anyOf": calls}
     call = {"type": "object", "properties": {"tool_calls": {"type": "array", "items": items, "minItems": 1,
-                                                             **({} if parallel else {"maxItems": 1})}},
+                                                             **_most(1 if not parallel else max_calls)}},
             "required": ["tool_calls"], "additionalProperties": False}
     if choice != "auto":
         return call
     text = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"],
             "additionalProperties": False}
     return {"anyOf": [call, text]}
+
+
+def _most(calls: int | None) -> dict:
+    return {} if calls is None else {"maxItems": calls}
 
 
 def system_prompt(tools: list[Tool], choice: str | Tool) -> str:

@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP server (FastAPI), wired from the modules beside this one.
 
-Routes: POST /v1/completions, POST /v1/chat/completions (completions.py), GET /v1/models (and /{model}),
+Routes: POST /v1/completions, POST /v1/chat/completions (completions.py), POST /v1/responses and
+GET/DELETE /v1/responses/{id} (responses_api.py), POST /v1/embeddings (embeddings.py), GET /v1/models (and /{model}),
 POST /tokenize, POST /detokenize, GET /health, GET /metrics (routes.py), the explainer page and its
 API (explainer.py). Errors use OpenAI's shape {"error": {"message", "type", "param", "code"}}
 (errors.py); client mistakes are 4xx, never 500.
@@ -22,6 +23,7 @@ from nexttok.server.explainer import install_explainer
 from nexttok.server.limits import BodyLimit, ServerLimits
 from nexttok.server.metrics import Metrics
 from nexttok.server.openapi import openapi_spec
+from nexttok.server.responses_api import install_responses_routes
 from nexttok.server.routes import install_routes
 from nexttok.server.scheduler import Scheduler
 
@@ -53,6 +55,7 @@ def create_app(models: list[ServedModel], *, api_key: str | None = None,
     install_routes(app)
     install_generation_routes(app)
     install_embedding_routes(app)
+    install_responses_routes(app)
     install_explainer(app, lambda name: find_served(app.state.models, name))
     app.openapi = lambda: openapi_spec(app, api_key is not None)
     return app

@@ -116,14 +116,25 @@ async def _complete(served: ServedModel, body: CompletionRequest):
 async def _chat(served: ServedModel, body: ChatRequest):
     """/v1/chat/completions: the messages through the chat template, tools (or the deprecated
     functions) as a grammar over the reply."""
+    legacy = body.functions is not None  # the deprecated functions / function_call pair
+    ids, plan, tools = chat_plan(served, body)
+    shape = dict(logprobs=body.logprobs, top_logprobs=body.top_logprobs or 0)
+    fmt = (ToolCallFormat(served.name, served.tokenizer, legacy=legacy, **shape) if tools
+           else ChatFormat(served.name, served.tokenizer, **shape))
+    return await _respond(served, body, [(ids, k) for k in range(body.n)], plan, fmt)
+
+
+def chat_plan(served: ServedModel, body: ChatRequest, max_calls: int | None = None
+              ) -> tuple[list[int], GenerationPlan, list[Tool]]:
+    """(prompt ids, generation plan, tools the reply may call) of a chat request; /v1/responses
+    makes one of these too (max_calls: its max_tool_calls, calls per reply when parallel)."""
     if served.chat_template is None:
         raise APIError(400, f"model {served.name!r} has no chat template; use /v1/completions",
                        param="messages", code="no_chat_template")
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidParameter("top_logprobs", "top_logprobs requires logprobs to be true")
     _check_text_only(body)
-    legacy = body.functions is not None  # the deprecated functions / function_call pair
-    if legacy:
+    if body.functions is not None:
         if body.tools is not None:
             raise InvalidParameter("functions", "give tools or functions, not both")
         tools_list, tool_choice = from_functions(body.functions, body.function_call)
@@ -139,11 +150,8 @@ async def _chat(served: ServedModel, body: ChatRequest):
     plan = GenerationPlan.of(body, max_tokens, top_n=(body.top_logprobs or 0) if body.logprobs else 0)
     if tools:
         # one call per reply unless the request asks for more (llama.cpp's default too)
-        plan = replace(plan, schema=reply_schema(tools, choice, body.parallel_tool_calls is True))
-    shape = dict(logprobs=body.logprobs, top_logprobs=body.top_logprobs or 0)
-    fmt = (ToolCallFormat(served.name, served.tokenizer, legacy=legacy, **shape) if tools
-           else ChatFormat(served.name, served.tokenizer, **shape))
-    return await _respond(served, body, [(ids, k) for k in range(body.n)], plan, fmt)
+        plan = replace(plan, schema=reply_schema(tools, choice, body.parallel_tool_calls is True, max_calls))
+    return ids, plan, tools
 
 
 async def _respond(served: ServedModel, body: SamplingFields, jobs: Sequence[tuple[list[int], int]],
