@@ -22,6 +22,7 @@ from nexttok.server.streaming import Run, close, respond
 from nexttok.tools import Tool, from_functions, parse_choice, parse_tools, reply_schema, with_tools
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
+MAX_CHOICES = 64  # prompts × n (or best_of) in one request: the scheduler's default waiting line
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,9 @@ async def _complete(served: ServedModel, body: CompletionRequest):
     if max_tokens == 0:
         return await score_prompts(served, body, prompts, plan, fmt)
     best_of = _best_of(body)
+    if len(prompts) * best_of > MAX_CHOICES:
+        raise InvalidParameter("prompt", f"{len(prompts)} prompts × {best_of} choices is more than the "
+                               f"{MAX_CHOICES} choices one request may ask for")
     runs = []
     for i, ids in enumerate(prompts):
         for k in range(best_of):

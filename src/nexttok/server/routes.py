@@ -1,5 +1,5 @@
 """The routes around generation: GET /health, GET /metrics, GET /v1/models, GET /v1/models/{model},
-POST /tokenize and POST /detokenize."""
+POST /tokenize, POST /detokenize and GET /tokenizer_info."""
 
 from __future__ import annotations
 
@@ -39,6 +39,12 @@ def _install_status_routes(app: FastAPI) -> None:
 
 
 def _install_token_routes(app: FastAPI) -> None:
+    @app.get("/tokenizer_info")
+    async def tokenizer_info(model: str | None = None):
+        """vLLM's route: the special tokens and chat template a client needs to tokenize as the
+        server does (with POST /tokenize; lm-eval's remote tokenizer reads both)."""
+        return _tokenizer_info(find_served(app.state.models, model))
+
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest):
         served = find_served(app.state.models, body.model)
@@ -65,3 +71,15 @@ def _tokenize(served: ServedModel, body: TokenizeRequest) -> list[int]:
         raise APIError(400, f"model {served.name!r} has no chat template", param="messages")
     text = served.chat_template.render(body.messages, add_generation_prompt=body.add_generation_prompt)
     return served.tokenizer.encode(text)
+
+
+def _tokenizer_info(served: ServedModel) -> dict:
+    config, tokenizer = served.model.config, served.tokenizer
+
+    def text(token_id: int | None) -> str | None:
+        return None if token_id is None else tokenizer.decode([token_id])
+    return {"model": served.name, "tokenizer_class": "nexttok", "vocab_size": tokenizer.vocab_size,
+            "model_max_length": served.context_length, "bos_token": text(config.bos_token_id),
+            "eos_token": text(config.eos_token_id[0] if config.eos_token_id else None), "pad_token": None,
+            "add_bos_token": bool(tokenizer.encode("", add_special=True)),
+            "chat_template": served.chat_template.source if served.chat_template is not None else None}

@@ -11,10 +11,12 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from nexttok.parameters import PARAMETERS
 
 MAX_N = 8
+MAX_PROMPTS = 64  # prompts in one completions request (evaluation harnesses send batches)
 MAX_STOP = 4
 MAX_TOP_LOGPROBS = 20
 
 TokenId = Annotated[int, Field(ge=0)]
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 TokenIdKey = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,9}$")]
 Bias = Annotated[float, Field(**PARAMETERS["logit_bias"].limits())]
 NonEmpty = Annotated[str, StringConstraints(min_length=1)]
@@ -75,8 +77,8 @@ class SamplingFields(Strict):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: (str | Annotated[list[TokenId], Field(min_length=1)]
-             | Annotated[list[str], Field(min_length=1, max_length=MAX_N)])
+    prompt: (str | TokenIds | Annotated[list[str], Field(min_length=1, max_length=MAX_PROMPTS)]
+             | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)])
     max_tokens: int | None = Field(None, ge=0, description="0: score the prompt only (with echo and logprobs)")
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, description="top alternatives per token")
     echo: bool = Field(False, description="the prompt comes back before the completion (with logprobs: "
