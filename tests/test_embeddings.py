@@ -112,6 +112,11 @@ def test_token_ids_equal_the_strings_ids_and_usage_counts_tokens(client, served)
 
 
 def test_user_and_the_hidden_size_as_dimensions_are_accepted(client):
+    from openai.types import embedding_create_params
+
+    # every field OpenAI documents for the route is used in this file (a new one fails here)
+    assert set(embedding_create_params.EmbeddingCreateParams.__annotations__) == {
+        "input", "model", "encoding_format", "dimensions", "user"}
     plain = _vectors(client.embeddings.create(model=MODEL, input="hello", encoding_format="float"))
     both = _vectors(client.embeddings.create(model=MODEL, input="hello", encoding_format="float",
                                              dimensions=HIDDEN, user="someone"))

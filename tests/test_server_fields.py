@@ -107,6 +107,23 @@ def test_echo_of_token_ids_and_of_a_batch_and_without_logprobs(client, served):
     assert bare.usage.completion_tokens == 0
 
 
+def test_vllm_prompt_logprobs_give_rank_and_alternatives(server, served, hf_logprobs):
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 2, "temperature": 0, "prompt_logprobs": 2}
+    choice = _post(server, "/v1/completions", body).json()["choices"][0]
+    ids = served.tokenizer.encode(PROMPT, add_special=True)
+    reference, entries = hf_logprobs(ids), choice["prompt_logprobs"]
+    assert len(entries) == len(ids) and entries[0] is None and not choice["text"].startswith(PROMPT)
+    for i in range(1, len(ids)):
+        own = entries[i][str(ids[i])]
+        assert own["logprob"] == pytest.approx(float(reference[i - 1, ids[i]]), abs=1e-4)
+        assert own["rank"] == int((reference[i - 1] > reference[i - 1, ids[i]]).sum()) + 1
+        top = torch.topk(reference[i - 1], 2).indices.tolist()
+        assert set(entries[i]) == {str(ids[i]), *map(str, top)}
+    with httpx.stream("POST", server.url + "/v1/completions", json={**body, "stream": True}, timeout=60) as response:
+        lines = [line for line in response.iter_lines() if line.startswith("data: {")]
+    assert json.loads(lines[0][6:])["choices"][0]["prompt_logprobs"] == entries
+
+
 def test_scoring_with_the_prefix_cache_on_is_the_same(chat_model_dir, client):
     from nexttok.server.limits import ServerLimits
 

@@ -35,6 +35,7 @@ class PromptToken:
     text: str  # the token's own text, for display (as Step.token_text)
     offset: int  # where the token's text starts in the decoded prompt
     logprob: float | None = None  # None for the first token
+    rank: int | None = None  # 1 = the model's most likely token at this position
     top: list[Alternative] = field(default_factory=list)  # the model's top_n at this position
 
 
@@ -61,11 +62,12 @@ class PromptScores:
         if not targets:
             return
         logprobs = torch.log_softmax(logits[: len(targets)].float(), -1)
-        chosen = logprobs.gather(-1, torch.tensor(targets, device=logprobs.device)[:, None])[:, 0].tolist()
+        chosen = logprobs.gather(-1, torch.tensor(targets, device=logprobs.device)[:, None])  # (n, 1)
+        ranks = ((logprobs > chosen).sum(-1) + 1).tolist()
         top = torch.topk(logprobs, min(self.top_n, logprobs.shape[-1])) if self.top_n else None
-        for k, lp in enumerate(chosen):
+        for k, lp in enumerate(chosen[:, 0].tolist()):
             token = self.tokens[start + 1 + k]
-            token.logprob = lp
+            token.logprob, token.rank = lp, ranks[k]
             if top is not None:
                 ids, values = top.indices[k].tolist(), top.values[k].tolist()
                 token.top = [Alternative(i, text.text, v)

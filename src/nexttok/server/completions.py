@@ -95,10 +95,9 @@ async def _complete(served: ServedModel, body: CompletionRequest):
     its own scores) before each; max_tokens 0 scores the prompts without generating."""
     prompts = _completion_prompts(served, body.prompt, body.suffix)
     max_tokens = body.max_tokens if body.max_tokens is not None else DEFAULT_COMPLETION_TOKENS
-    scored = body.echo and body.logprobs is not None  # the prompt's own logprobs come back
-    plan = replace(GenerationPlan.of(body, max_tokens, top_n=body.logprobs or 0),
-                   prompt_top_n=body.logprobs if scored else None)
-    fmt = CompletionFormat(served.name, served.tokenizer, logprobs=body.logprobs is not None)
+    plan = replace(GenerationPlan.of(body, max_tokens, top_n=body.logprobs or 0), prompt_top_n=_prompt_top_n(body))
+    fmt = CompletionFormat(served.name, served.tokenizer, logprobs=body.logprobs is not None,
+                           top_logprobs=body.logprobs or 0, echo=body.echo, prompt_logprobs=body.prompt_logprobs)
     if max_tokens == 0:
         return await score_prompts(served, body, prompts, plan, fmt)
     best_of = _best_of(body)
@@ -109,8 +108,8 @@ async def _complete(served: ServedModel, body: CompletionRequest):
     for i, ids in enumerate(prompts):
         for k in range(best_of):
             generation = plan.generation(served, ids, i * best_of + k)
-            if body.echo:
-                fmt.echo(i * best_of + k, prompt_text(served, body.prompt, i, ids), generation.prompt_scores)
+            if body.echo or body.prompt_logprobs is not None:
+                fmt.prompt(i * best_of + k, prompt_text(served, body.prompt, i, ids), generation.prompt_scores)
             runs.append(Run(ids, i * best_of + k, served.scheduler.submit(generation), k == 0))
     if best_of > body.n:
         return await best_choices(runs, fmt, body.n, best_of)
@@ -173,6 +172,13 @@ async def _answer(body: SamplingFields, runs: list[Run], fmt: ResponseFormat):
         raise InvalidParameter("stream_options", "stream_options is only allowed when stream is true")
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return await respond(runs, fmt, stream=body.stream, include_usage=include_usage)
+
+
+def _prompt_top_n(body: CompletionRequest) -> int | None:
+    """Alternatives per prompt token the prefill records: for echo with logprobs and for vLLM's
+    prompt_logprobs (None: the prompt is not scored)."""
+    wanted = [n for n in (body.logprobs if body.echo else None, body.prompt_logprobs) if n is not None]
+    return max(wanted) if wanted else None
 
 
 def _best_of(body: CompletionRequest) -> int:

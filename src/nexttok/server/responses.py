@@ -77,14 +77,15 @@ class CompletionFormat(ResponseFormat):
     object_name = chunk_object = "text_completion"
     prefix = "cmpl"
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, echo: bool = False, prompt_logprobs: int | None = None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.echoed: dict[int, tuple[str, PromptScores | None]] = {}
+        self.echo, self.prompt_logprobs = echo, prompt_logprobs
+        self.prompts: dict[int, tuple[str, PromptScores | None]] = {}
 
-    def echo(self, index: int, text: str, scores: PromptScores | None) -> None:
-        """Choice `index` echoes its prompt: the text, and its scores when logprobs were asked for
-        (filled by the prefill, before the choice's first step or its end)."""
-        self.echoed[index] = (text, scores)
+    def prompt(self, index: int, text: str, scores: PromptScores | None) -> None:
+        """Choice `index`'s prompt: its text (echo) and its scores (filled by the prefill, before the
+        choice's first step or its end), where the request asked for them."""
+        self.prompts[index] = (text, scores)
 
     def envelope(self) -> dict:
         return self._envelope(self.chunk_object)
@@ -102,31 +103,53 @@ class CompletionFormat(ResponseFormat):
                 "top_logprobs": [{a.text: a.logprob for a in s.top} for s in steps],
                 "text_offset": offsets}
 
-    def _prompt_logprobs(self, index: int) -> dict | None:
-        text, scores = self.echoed[index]
+    def _echoed_logprobs(self, index: int) -> dict | None:
+        text, scores = self.prompts[index]
         if not self.logprobs:
             return None
         tokens = scores.tokens if scores is not None else []
         return {"tokens": [t.text for t in tokens], "token_logprobs": [t.logprob for t in tokens],
-                "top_logprobs": [None if t.logprob is None else {a.text: a.logprob for a in t.top} for t in tokens],
+                "top_logprobs": [None if t.logprob is None else {a.text: a.logprob for a in t.top[: self.top_logprobs]}
+                                 for t in tokens],
                 "text_offset": [min(t.offset, len(text)) for t in tokens]}
+
+    def _vllm_prompt_logprobs(self, index: int) -> list[dict | None]:
+        """vLLM's prompt_logprobs: per prompt token None (the first) or {id: {logprob, rank,
+        decoded_token}} for the token itself and the top prompt_logprobs alternatives."""
+        entries = []
+        for t in self.prompts[index][1].tokens:
+            if t.logprob is None:
+                entries.append(None)
+                continue
+            entry = {str(t.id): {"logprob": t.logprob, "rank": t.rank, "decoded_token": t.text}}
+            for rank, a in enumerate(t.top[: self.prompt_logprobs], start=1):
+                entry.setdefault(str(a.id), {"logprob": a.logprob, "rank": rank, "decoded_token": a.text})
+            entries.append(entry)
+        return entries
+
+    def _with_prompt(self, index: int, choice: dict, steps, first: bool) -> dict:
+        """The choice with its prompt before it (echo) and vLLM's prompt_logprobs (first: the
+        choice's first or only chunk, which carries them)."""
+        if self.echo:
+            prompt, before = self.prompts[index][0], self._echoed_logprobs(index)
+            after = self._logprobs(steps, len(prompt))
+            choice["text"] = prompt + choice["text"]
+            choice["logprobs"] = None if before is None else {key: before[key] + after[key] for key in before}
+        if self.prompt_logprobs is not None and first:
+            choice["prompt_logprobs"] = self._vllm_prompt_logprobs(index)
+        return choice
 
     def choice(self, index: int, steps) -> dict:
         """Choice `index` from its steps (none when max_tokens was 0)."""
-        text, logprobs = "".join(s.text for s in steps), self._logprobs(steps)
-        if index in self.echoed:
-            prompt, before = self.echoed[index][0], self._prompt_logprobs(index)
-            after = self._logprobs(steps, len(prompt))
-            text = prompt + text
-            logprobs = None if before is None else {key: before[key] + after[key] for key in before}
-        return {"index": index, "text": text, "logprobs": logprobs,
-                "finish_reason": steps[-1].finish_reason if steps else "length"}
+        choice = {"index": index, "text": "".join(s.text for s in steps), "logprobs": self._logprobs(steps),
+                  "finish_reason": steps[-1].finish_reason if steps else "length"}
+        return self._with_prompt(index, choice, steps, True) if index in self.prompts else choice
 
     def start_chunks(self, index: int) -> list[dict]:
-        if index not in self.echoed:
+        if index not in self.prompts:
             return []
-        choice = {"index": index, "text": self.echoed[index][0], "logprobs": self._prompt_logprobs(index),
-                  "finish_reason": None}
+        choice = self._with_prompt(index, {"index": index, "text": "", "logprobs": self._logprobs([]),
+                                           "finish_reason": None}, [], True)
         return [{**self._envelope(self.chunk_object), "choices": [choice]}]
 
     def step_chunk(self, index: int, step, offset: int) -> dict | None:

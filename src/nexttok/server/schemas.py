@@ -83,6 +83,8 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, description="top alternatives per token")
     echo: bool = Field(False, description="the prompt comes back before the completion (with logprobs: "
                                           "the prompt's own logprobs, the first token's null)")
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS,
+                                        description="vLLM's: each prompt token's logprob, rank and top alternatives")
     suffix: str | None = Field(None, description="text after the completion: fill-in-the-middle, on models "
                                                  "with FIM tokens")
     best_of: int | None = Field(None, ge=1, le=MAX_N, description="choices generated per prompt; the n with "

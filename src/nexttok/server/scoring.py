@@ -58,8 +58,8 @@ async def score_prompts(served: ServedModel, body, prompts: list[list[int]], pla
         usage.add(len(ids), 0)
         for k in range(body.n):
             index = i * body.n + k
-            if body.echo:
-                fmt.echo(index, prompt_text(served, body.prompt, i, ids), generation.prompt_scores)
+            if body.echo or body.prompt_logprobs is not None:
+                fmt.prompt(index, prompt_text(served, body.prompt, i, ids), generation.prompt_scores)
             choices.append(fmt.choice(index, []))
     if not body.stream:
         return fmt.response(choices, usage)
