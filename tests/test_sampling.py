@@ -10,6 +10,7 @@ import torch
 
 from nexttok.parameters import PARAMETERS
 from nexttok.sampling import (
+    NEG_INF,
     History,
     LogitBias,
     MinP,
@@ -162,6 +163,50 @@ def test_pick_walks_tokens_by_probability():
     assert pick(logits, 0.51) == 2
     assert pick(logits, 0.81) == 0
     assert pick(logits, 0.9999999) == 0  # never the cut token 3
+
+
+def _reference_pick(logits: torch.Tensor, u: float) -> int:
+    """The inverse-CDF draw written plainly: every token sorted by probability (equal ones by id,
+    a stable sort), float64 sums, the first whose cumulative probability passes u."""
+    probs = logits.double().softmax(-1)
+    order = sorted(range(len(probs)), key=lambda i: (-float(probs[i]), i))
+    total, target = 0.0, u * float(probs.sum())
+    kept = [i for i in order if probs[i] > 0]
+    for i in kept:
+        total += float(probs[i])
+        if total > target:
+            return i
+    return kept[-1]
+
+
+@pytest.mark.parametrize("size", [8, 1000, 49152])
+def test_pick_equals_the_plain_inverse_cdf(size):
+    gen = torch.Generator().manual_seed(size)
+    for trial in range(40 if size < 49152 else 6):
+        logits = torch.randn(size, generator=gen) * 4
+        if trial % 2:
+            logits = TopK(max(1, size // 20))(logits, NO_HISTORY)  # most tokens cut
+        u = float(torch.rand((), generator=gen))
+        assert pick(logits, u) == _reference_pick(logits, u)
+
+
+def test_pick_breaks_ties_by_id():
+    logits = torch.tensor([0.0, 1.0, 1.0, float("-inf"), 1.0])
+    assert [pick(logits, u) for u in (0.1, 0.4, 0.7, 0.95)] == [1, 2, 4, 0]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_top_p_over_a_whole_vocabulary_and_after_top_k_matches_hf(seed):
+    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+
+    logits = torch.randn(49152, generator=torch.Generator().manual_seed(seed)) * 3
+    ids = torch.zeros(1, 1, dtype=torch.long)
+    for p in (0.5, 0.9, 0.95):
+        whole = TopPLogitsWarper(p)(ids, logits[None].clone())[0]
+        assert torch.equal(TopP(p)(logits, NO_HISTORY) > NEG_INF, whole > NEG_INF)
+        after_k = TopPLogitsWarper(p)(ids, TopKLogitsWarper(40)(ids, logits[None].clone()))[0]
+        ours = TopP(p)(TopK(40)(logits, NO_HISTORY), NO_HISTORY)
+        torch.testing.assert_close(ours, after_k)
 
 
 def test_sampled_frequencies_match_softmax():

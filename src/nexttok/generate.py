@@ -254,10 +254,10 @@ def build_step(tokenizer: Tokenizer, token_id: int, logits: torch.Tensor, final:
     logprobs = torch.log_softmax(logits.float(), -1)
     chosen = float(logprobs[token_id])
     rank = int((logprobs > chosen).sum()) + 1
-    filtered = torch.log_softmax(final.float(), -1)
+    filtered = torch.log_softmax(final.float(), -1) if top_n else None  # only its top_n are kept
     return Step(index=index, token_id=token_id, text=text, token_text=tokenizer.pieces([token_id])[0].text,
                 logprob=chosen, rank=rank, top=_alternatives(tokenizer, logprobs, top_n),
-                top_filtered=_alternatives(tokenizer, filtered, top_n), draw=draw, elapsed=elapsed,
+                top_filtered=_alternatives(tokenizer, filtered, top_n) if top_n else [], draw=draw, elapsed=elapsed,
                 prefill=prefill, finish_reason=finish_reason, stages=stages)
 
 

@@ -18,6 +18,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from nexttok.errors import InvalidParameter
@@ -176,11 +177,32 @@ class TopP:
         self.p = p
 
     def __call__(self, logits: torch.Tensor, history: History) -> torch.Tensor:
-        sorted_logits, order = torch.sort(logits, descending=False)
-        cumulative = sorted_logits.softmax(-1).cumsum(-1)  # ascending: the tail first
-        remove = cumulative <= 1 - self.p
-        remove[-1] = False  # always keep the most likely token
-        return logits.masked_fill(remove.scatter(0, order, remove), NEG_INF)
+        """HF's rule (sort ascending, drop the tail whose cumulative probability is <= 1 - p, never
+        the most likely token), sorting only what is left: after top_k that is k tokens, not the
+        vocabulary (a full sort of 49k floats takes torch 2.6 ms, of Qwen's 152k 10 ms)."""
+        alive = (logits > NEG_INF).nonzero()[:, 0]
+        if alive.numel() <= 1:
+            return logits
+        if alive.numel() == logits.shape[-1]:
+            return self._whole(logits)
+        sorted_logits, order = torch.sort(logits[alive], descending=False)
+        remove = sorted_logits.softmax(-1).cumsum(-1) <= 1 - self.p  # ascending: the tail first
+        remove[-1] = False
+        return logits.index_fill(0, alive[order[remove]], NEG_INF)
+
+    def _whole(self, logits: torch.Tensor) -> torch.Tensor:
+        """Every token alive: the cut is a probability, found by sorting values only (numpy's
+        vectorised sort, ~0.1 ms for 49k), so no token order is needed."""
+        probs = logits.softmax(-1)
+        if probs.device.type != "cpu":
+            sorted_probs = torch.sort(probs).values
+        else:
+            sorted_probs = torch.from_numpy(np.sort(probs.numpy()))
+        cut = int((sorted_probs.cumsum(-1) <= 1 - self.p).sum())  # how many of the tail go
+        if cut == 0:
+            return logits
+        kept_min = sorted_probs[min(cut, probs.shape[-1] - 1)]
+        return logits.masked_fill(probs < kept_min, NEG_INF)
 
 
 class MinP:
@@ -306,13 +328,23 @@ class SamplerChain:
 
 
 def pick(logits: torch.Tensor, u: float) -> int:
-    """Inverse-CDF draw over tokens sorted by probability: pick([2., 0., 1.], 0.1) -> 0."""
-    probs, order = torch.sort(logits.float().softmax(-1), descending=True)
-    cumulative = probs.cumsum(-1)
-    target = torch.tensor([u * float(cumulative[-1])], device=cumulative.device)
-    index = int(torch.searchsorted(cumulative, target, right=True))
-    index = min(index, int((probs > 0).sum()) - 1)  # rounding must never land on a cut token
-    return int(order[index])
+    """Inverse-CDF draw over tokens sorted by probability, equal ones by id: the token whose slice
+    of [0, 1) holds u when the slices are laid out most likely first. pick([2., 0., 1.], 0.1) -> 0.
+    Only the values are sorted (numpy's vectorised sort on the CPU: 0.1 ms for 49k floats, where
+    torch's argsort takes 2.6 ms); the token is then the one of that value."""
+    probs = logits.float().softmax(-1)
+    if probs.device.type != "cpu":
+        probs = probs.cpu()
+    p = probs.numpy()
+    alive = np.flatnonzero(p)  # after top-k or min-p, a few dozen: the rest is never sorted
+    q = p[alive]
+    ranked = np.sort(q)[::-1]  # descending values
+    cumulative = np.cumsum(ranked, dtype=np.float64)
+    index = int(np.searchsorted(cumulative, u * cumulative[-1], side="right"))
+    index = min(index, len(ranked) - 1)  # rounding must never land past the last kept token
+    value = ranked[index]
+    first = int(np.searchsorted(-ranked, -value, side="left"))  # where this value's run starts
+    return int(alive[np.flatnonzero(q == value)[index - first]])
 
 
 def check_logits(logits: torch.Tensor) -> None:
