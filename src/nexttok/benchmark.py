@@ -33,12 +33,15 @@ from nexttok.sampling import SamplingParams
 
 METRICS = (  # key, label, higher is better
     ("decode_tps", "decode tokens/s (batch 1, greedy)", True),
+    ("sampled_tps", "decode tokens/s, sampled (T 0.8, top-k 40)", True),
     ("prefill_tps", "prefill tokens/s", True),
     ("ttft_ms", "time to first token, ms", False),
     ("nocache_tps", "decode tokens/s without KV cache", True),
     ("peak_rss_mb", "peak RSS, MB", False),
     ("compile_s", "decode step compile (first use), s", False),
 )
+# llama.cpp's default sampler settings (common/common.h), which `nexttok run` uses too
+LLAMA_CPP_SAMPLING = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
 OURS = ("nexttok", "compiled")  # columns of this engine: as loaded, and with the decode step compiled
 
 
@@ -92,9 +95,10 @@ def bench_nexttok(cfg: BenchConfig) -> dict:
     vocab = model.config.vocab_size
     greedy = SamplingParams(temperature=0)
 
-    def decode_run(prompt, n, use_cache=True):
+    def decode_run(prompt, n, use_cache=True, params=greedy):
         start = time.perf_counter()
-        steps = generate(model, tokenizer, prompt, greedy, max_tokens=n, stop_token_ids=[], use_cache=use_cache).steps
+        steps = generate(model, tokenizer, prompt, params, max_tokens=n, stop_token_ids=[], use_cache=use_cache,
+                         top_n=0).steps
         first = start + steps[0].elapsed
         return (len(steps) - 1) / (time.perf_counter() - first), steps[0].elapsed
 
@@ -102,6 +106,8 @@ def bench_nexttok(cfg: BenchConfig) -> dict:
     long = _ids(cfg.prompt_tokens, vocab, seed=1)[0].tolist()
     decode_run(short, 8)  # warm-up
     decode = [decode_run(short, cfg.new_tokens)[0] for _ in range(cfg.repeat)]
+    sampled = [decode_run(short, cfg.new_tokens, params=SamplingParams(**LLAMA_CPP_SAMPLING, seed=k))[0]
+               for k in range(cfg.repeat)]
     ttft = [generate(model, tokenizer, long, greedy, max_tokens=1, stop_token_ids=[]).steps[0].elapsed
             for _ in range(cfg.repeat)]
     prefill = [cfg.prompt_tokens / _timed(lambda: _forward_nexttok(model, long)) for _ in range(cfg.repeat)]
@@ -110,8 +116,8 @@ def bench_nexttok(cfg: BenchConfig) -> dict:
     compiled = {"compile_s": model.compiled.compile_seconds} if model.compiled else {}
     if cfg.tensor_parallel > 1:
         model.group.close()  # a spawned bench process runs no atexit: stop the other ranks here
-    return {"decode_tps": _median(decode), "prefill_tps": _median(prefill), "ttft_ms": 1000 * _median(ttft),
-            "nocache_tps": _median(nocache), "cache_long_tps": _median(cached_long),
+    return {"decode_tps": _median(decode), "sampled_tps": _median(sampled), "prefill_tps": _median(prefill),
+            "ttft_ms": 1000 * _median(ttft), "nocache_tps": _median(nocache), "cache_long_tps": _median(cached_long),
             "weight_bytes": weight_bytes(model), **compiled}
 
 
@@ -173,12 +179,14 @@ def bench_llama_cpp(cfg: BenchConfig) -> dict:
     short = _ids(cfg.decode_prompt_tokens, vocab)[0].tolist()
     long = _ids(cfg.prompt_tokens, vocab, seed=1)[0].tolist()
 
-    def llama_generate(ids, n) -> tuple[float, float]:
-        """(time to first token, decode tokens/s) for n greedy tokens."""
+    def llama_generate(ids, n, sampling=None) -> tuple[float, float]:
+        """(time to first token, decode tokens/s) for n tokens, greedy unless sampling is given."""
         llm.reset()
         start = time.perf_counter()
         first = None
-        for count, _ in enumerate(llm.generate(ids, temp=0.0, top_k=1, reset=True), start=1):
+        settings = {"temp": 0.0, "top_k": 1} if sampling is None else {
+            "temp": sampling["temperature"], **{k: sampling[k] for k in ("top_k", "top_p", "min_p")}}
+        for count, _ in enumerate(llm.generate(ids, reset=True, **settings), start=1):
             first = first or time.perf_counter()
             if count == n:
                 break
@@ -186,6 +194,7 @@ def bench_llama_cpp(cfg: BenchConfig) -> dict:
 
     llama_generate(short, 8)  # warm-up
     decode = [llama_generate(short, cfg.new_tokens)[1] for _ in range(cfg.repeat)]
+    sampled = [llama_generate(short, cfg.new_tokens, LLAMA_CPP_SAMPLING)[1] for _ in range(cfg.repeat)]
     ttft = [llama_generate(long, 1)[0] for _ in range(cfg.repeat)]
 
     def prefill() -> float:
@@ -193,7 +202,8 @@ def bench_llama_cpp(cfg: BenchConfig) -> dict:
         return _timed(lambda: llm.eval(long))
 
     prefills = [cfg.prompt_tokens / prefill() for _ in range(cfg.repeat)]
-    return {"decode_tps": _median(decode), "prefill_tps": _median(prefills), "ttft_ms": 1000 * _median(ttft)}
+    return {"decode_tps": _median(decode), "sampled_tps": _median(sampled), "prefill_tps": _median(prefills),
+            "ttft_ms": 1000 * _median(ttft)}
 
 
 def _child(target, cfg, queue) -> None:
@@ -243,11 +253,11 @@ def report(results: dict[str, dict | str], bandwidth_gbs: float, cfg: BenchConfi
     names = list(results)
     ok = {n: r for n, r in results.items() if isinstance(r, dict)}
     pairs = [(a, b) for a in OURS if a in ok for b in names if b not in OURS and b in ok]
-    lines = [f"{'metric':<38}" + "".join(f"{n:>16}" for n in names) + "".join(f"{a + '/' + b:>20}" for a, b in pairs)]
+    lines = [f"{'metric':<42}" + "".join(f"{n:>16}" for n in names) + "".join(f"{a + '/' + b:>20}" for a, b in pairs)]
     for key, label, higher in METRICS:
         if not any(key in r for r in ok.values()):
             continue
-        row = f"{label:<38}"
+        row = f"{label:<42}"
         for n in names:
             value = ok.get(n, {}).get(key)
             row += f"{value:>16.1f}" if value is not None else f"{'-':>16}"
