@@ -15,8 +15,8 @@ import argparse
 import tempfile
 
 from nexttok.benchmark import BenchConfig, run
-from nexttok.bundled import tokenizer_dir
-from nexttok.sources import resolve_checkpoint
+from nexttok.checkpoints.bundled import tokenizer_dir
+from nexttok.checkpoints.sources import resolve_checkpoint
 
 
 def gpt2_124m_random(directory: str) -> str:

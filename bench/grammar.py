@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from nexttok.bundled import DEFAULT_MODEL
-from nexttok.sources import load_tokenizer
+from nexttok.checkpoints.bundled import DEFAULT_MODEL
+from nexttok.checkpoints.sources import load_tokenizer
 
 SCHEMAS = [
     ({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
@@ -140,10 +140,10 @@ def measure(engine, tokenizer, schema, document) -> tuple[float, float]:
 def overhead(repeat: int) -> None:
     """Median decode step of the default model with and without a JSON-schema grammar stage,
     interleaved (the machine is shared: one process, alternating runs)."""
-    from nexttok.generate import stream
-    from nexttok.grammar import Constraint
-    from nexttok.loading import load_checkpoint
-    from nexttok.sampling import SamplingParams
+    from nexttok.checkpoints.loading import load_checkpoint
+    from nexttok.generation.grammar import Constraint
+    from nexttok.generation.loop import stream
+    from nexttok.generation.sampling import SamplingParams
 
     checkpoint = load_checkpoint(DEFAULT_MODEL)
     model, tokenizer, config = checkpoint.model, checkpoint.tokenizer, checkpoint.model.config

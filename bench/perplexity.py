@@ -26,11 +26,11 @@ from pathlib import Path
 
 import torch
 
-from nexttok.cache import KVCache
-from nexttok.generate import generate
-from nexttok.loading import load_checkpoint
-from nexttok.sampling import SamplingParams
-from nexttok.sources import resolve_checkpoint
+from nexttok.checkpoints.loading import load_checkpoint
+from nexttok.checkpoints.sources import resolve_checkpoint
+from nexttok.generation.loop import generate
+from nexttok.generation.sampling import SamplingParams
+from nexttok.models.cache import KVCache
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
            "The three primary colors are", "To make a cup of tea, first", "Photosynthesis is the process",

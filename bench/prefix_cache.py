@@ -105,8 +105,8 @@ def chunk_cost(model_name: str, repeats: int) -> None:
     at each block size, whole (cache off) and after the blocks of the turn before (cache on)."""
     import torch
 
-    from nexttok.cache import SlotCache
-    from nexttok.loading import load_checkpoint
+    from nexttok.checkpoints.loading import load_checkpoint
+    from nexttok.models.cache import SlotCache
     from nexttok.server.prefix_cache import prefill_chunks
 
     model = load_checkpoint(model_name).model

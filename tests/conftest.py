@@ -15,11 +15,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from corpus import SPECIAL_TOKENS, chunks, corpus  # noqa: E402
-from nexttok.bundled import tokenizer_dir  # noqa: E402
-from nexttok.gguf import LLAMA3_PATTERN, QWEN2_PATTERN  # noqa: E402
-from nexttok.pretokenizers import GPT2_PATTERN  # noqa: E402
-from nexttok.tokenizer import _token_bytes  # noqa: E402
-from nexttok.tokenizer_json import from_directory  # noqa: E402
+from nexttok.checkpoints.bundled import tokenizer_dir  # noqa: E402
+from nexttok.checkpoints.gguf.reader import LLAMA3_PATTERN, QWEN2_PATTERN  # noqa: E402
+from nexttok.tokenizers.from_json import from_directory  # noqa: E402
+from nexttok.tokenizers.pre_tokenizers import GPT2_PATTERN  # noqa: E402
+from nexttok.tokenizers.tokenizer import _token_bytes  # noqa: E402
 
 
 def _byte_level(add_prefix_space=False, use_regex=True):

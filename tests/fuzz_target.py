@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from live_server import LiveServer
-from nexttok.bundled import tokenizer_dir
+from nexttok.checkpoints.bundled import tokenizer_dir
 from nexttok.server import ServerLimits, create_app, load_served
 from tiny_models import write_chat_model
 

@@ -12,11 +12,11 @@ import pytest
 import torch
 import transformers
 
-from nexttok.cache import KVCache, SlotCache
-from nexttok.config import ConfigError, from_hf_config, read_config
-from nexttok.loading import load_model
+from nexttok.checkpoints.loading import load_model
 from nexttok.models.attention import AttentionCapture
+from nexttok.models.cache import KVCache, SlotCache
 from nexttok.models.compiled import CompileUnavailable, compile_decode
+from nexttok.models.config import ConfigError, from_hf_config, read_config
 from tiny_models import VOCAB, write_tiny
 
 ATOL = 1e-4

@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from live_server import LiveServer
-from nexttok.cache import SlotCache
-from nexttok.generate import Generation
+from nexttok.generation.loop import Generation
+from nexttok.models.cache import SlotCache
 from nexttok.server import ServerLimits, create_app, load_served
 
 MODEL = "tiny"

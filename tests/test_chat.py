@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from nexttok.chat import ChatTemplate, ChatTemplateError
+from nexttok.tokenizers.chat_template import ChatTemplate, ChatTemplateError
 
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content']"
           " + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
@@ -50,7 +50,7 @@ def test_render_matches_transformers(tmp_path, template, conversation, add_gener
 def test_default_model_template_matches_transformers(converted_default):
     from transformers import AutoTokenizer
 
-    from nexttok.loading import load_checkpoint
+    from nexttok.checkpoints.loading import load_checkpoint
 
     hf = AutoTokenizer.from_pretrained(converted_default)
     template = ChatTemplate.from_directory(converted_default)

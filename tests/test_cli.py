@@ -57,9 +57,9 @@ def tiny_dir(tmp_path_factory, gpt2_dir):
 
 
 def test_run_streams_and_reports_speed(capsys, tiny_dir, gpt2):
-    from nexttok.generate import generate
-    from nexttok.loading import load_checkpoint
-    from nexttok.sampling import SamplingParams
+    from nexttok.checkpoints.loading import load_checkpoint
+    from nexttok.generation.loop import generate
+    from nexttok.generation.sampling import SamplingParams
 
     assert main(["run", str(tiny_dir), "The capital of France is", "--seed", "3", "--max-tokens", "8"]) == 0
     captured = capsys.readouterr()

@@ -15,12 +15,12 @@ import pexpect
 import pytest
 from rich.console import Console
 
+from nexttok.checkpoints.loading import load_checkpoint
 from nexttok.cli import build_parser, main
 from nexttok.cli.chat import PROMPT, ChatSession, Conversation, _oldest_turn_dropped, printable
 from nexttok.errors import InvalidParameter
-from nexttok.generate import generate
-from nexttok.loading import load_checkpoint
-from nexttok.sampling import SamplingParams
+from nexttok.generation.loop import generate
+from nexttok.generation.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")

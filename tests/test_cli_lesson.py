@@ -7,10 +7,10 @@ import re
 
 import pytest
 
-from nexttok import lesson
+from nexttok.checkpoints.loading import load_model
 from nexttok.cli import main
-from nexttok.loading import load_model
-from nexttok.tokenizer_json import from_directory
+from nexttok.lesson import sections as lesson
+from nexttok.tokenizers.from_json import from_directory
 from tiny_models import write_tiny_with_gpt2_tokenizer
 
 PROMPT = "The king and the queen"

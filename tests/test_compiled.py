@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nexttok.cache import KVCache
-from nexttok.generate import generate
-from nexttok.loading import load_checkpoint, load_model
+from nexttok.checkpoints.loading import load_checkpoint, load_model
+from nexttok.generation.loop import generate
+from nexttok.generation.sampling import SamplingParams
 from nexttok.models import compiled
+from nexttok.models.cache import KVCache
 from nexttok.models.compiled import compile_decode
-from nexttok.sampling import SamplingParams
 from tiny_models import VOCAB, write_tiny
 
 ATOL = 1e-4

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nexttok.config import ConfigError, from_hf_config
+from nexttok.models.config import ConfigError, from_hf_config
 
 LLAMA = {"model_type": "llama", "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,

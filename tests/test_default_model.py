@@ -14,14 +14,14 @@ import pytest
 import torch
 
 from corpus import chunks, corpus
-from nexttok.bundled import DEFAULT_MODEL, bundled_model_file
+from nexttok.checkpoints.bundled import DEFAULT_MODEL, bundled_model_file
+from nexttok.checkpoints.convert import convert_gguf
+from nexttok.checkpoints.export import write_gguf_gpt2
+from nexttok.checkpoints.gguf.reader import GGUFError, hf_tensor_name
+from nexttok.checkpoints.loading import load_checkpoint
 from nexttok.cli import main
-from nexttok.convert import convert_gguf
-from nexttok.export import write_gguf_gpt2
-from nexttok.generate import generate
-from nexttok.gguf import GGUFError, hf_tensor_name
-from nexttok.loading import load_checkpoint
-from nexttok.sampling import SamplingParams
+from nexttok.generation.loop import generate
+from nexttok.generation.sampling import SamplingParams
 
 PROMPT = "The capital of France is"
 

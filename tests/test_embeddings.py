@@ -17,9 +17,9 @@ import torch.nn.functional as F
 import transformers
 
 from live_server import LiveServer
-from nexttok.generate import generate
-from nexttok.loading import load_model
-from nexttok.sampling import SamplingParams
+from nexttok.checkpoints.loading import load_model
+from nexttok.generation.loop import generate
+from nexttok.generation.sampling import SamplingParams
 from nexttok.server import ServerLimits, create_app, load_served
 from tiny_models import write_tiny
 

@@ -11,12 +11,11 @@ import httpx
 import pytest
 import torch
 
+from nexttok.checkpoints.loading import load_model
 from nexttok.errors import InvalidParameter
-from nexttok.explain import ExplainSession
-from nexttok.generate import Generation, generate
-from nexttok.loading import load_model
-from nexttok.parameters import PARAMETERS
-from nexttok.sampling import (
+from nexttok.generation.loop import Generation, generate
+from nexttok.generation.parameters import PARAMETERS
+from nexttok.generation.sampling import (
     History,
     MinP,
     Penalties,
@@ -26,8 +25,9 @@ from nexttok.sampling import (
     TopP,
     pick,
 )
+from nexttok.lesson.session import ExplainSession
 from nexttok.server import ServedModel
-from nexttok.server.explainer import RedrawRequest, StepRequest
+from nexttok.server.lesson.routes import RedrawRequest, StepRequest
 from nexttok.server.schemas import SamplingFields
 from tiny_models import write_tiny
 

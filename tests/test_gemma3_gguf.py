@@ -18,16 +18,17 @@ import numpy as np
 import pytest
 import torch
 
-from nexttok import bundled
-from nexttok.bundled import BUNDLED_MODELS, bundled_model_file
-from nexttok.cache import KVCache
+from nexttok.checkpoints import bundled
+from nexttok.checkpoints.bundled import BUNDLED_MODELS, bundled_model_file
+from nexttok.checkpoints.convert import convert_gguf
+from nexttok.checkpoints.gguf.reader import read_gguf
+from nexttok.checkpoints.loading import load_checkpoint
+from nexttok.checkpoints.sources import resolve_checkpoint
 from nexttok.cli import main
-from nexttok.convert import convert_gguf
-from nexttok.generate import generate
-from nexttok.gguf import read_gguf
-from nexttok.loading import load_checkpoint
-from nexttok.sampling import SamplingParams
-from nexttok.sources import resolve_checkpoint
+from nexttok.generation.loop import generate
+from nexttok.generation.sampling import SamplingParams
+from nexttok.home import cache_home
+from nexttok.models.cache import KVCache
 
 ATOL = 1e-4
 GEMMA = "gemma3-270m"
@@ -165,7 +166,7 @@ def gemma_file():
 
 def test_joined_once_into_the_cache_and_again_when_cut_short(gemma_file, tmp_path, monkeypatch):
     mtime = gemma_file.stat().st_mtime_ns
-    assert bundled_model_file(GEMMA) == gemma_file == bundled.cache_home() / "models" / gemma_file.name
+    assert bundled_model_file(GEMMA) == gemma_file == cache_home() / "models" / gemma_file.name
     assert gemma_file.stat().st_mtime_ns == mtime  # found, not joined again
     monkeypatch.setenv("NEXTTOK_HOME", str(tmp_path))
     cut = tmp_path / "models" / gemma_file.name
@@ -206,10 +207,10 @@ def hf_gemma(gemma_file):
 def gemma(gemma_file):
     """(tokenizer, {"float32": model, "shipped": model}) from one opened GGUF: what load_checkpoint
     does, without mapping the 262k-token vocabulary twice."""
-    from nexttok.config import from_hf_config
-    from nexttok.gguf_weights import gguf_model
-    from nexttok.sources import open_gguf
-    from nexttok.tokenizer_json import tokenizer_from_json
+    from nexttok.checkpoints.gguf.weights import gguf_model
+    from nexttok.checkpoints.sources import open_gguf
+    from nexttok.models.config import from_hf_config
+    from nexttok.tokenizers.from_json import tokenizer_from_json
 
     assert resolve_checkpoint(GEMMA) == gemma_file
     gguf = open_gguf(gemma_file)

@@ -7,12 +7,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nexttok.config import ModelConfig
+from nexttok.checkpoints.loading import load_model
 from nexttok.errors import InvalidParameter
-from nexttok.generate import Generation, StopStrings, generate, stream
-from nexttok.loading import load_model
-from nexttok.sampling import SamplingParams
-from nexttok.tokenizer import bytes_to_unicode
+from nexttok.generation.loop import Generation, StopStrings, generate, stream
+from nexttok.generation.sampling import SamplingParams
+from nexttok.models.config import ModelConfig
+from nexttok.tokenizers.tokenizer import bytes_to_unicode
 from tiny_models import write_tiny
 
 GREEDY = SamplingParams(temperature=0)

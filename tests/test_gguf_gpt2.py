@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from nexttok.cache import KVCache
-from nexttok.gguf import GGUFError, hf_tensor_name, read_gguf
-from nexttok.loading import load_checkpoint
-from nexttok.tokenizer import bytes_to_unicode
+from nexttok.checkpoints.gguf.reader import GGUFError, hf_tensor_name, read_gguf
+from nexttok.checkpoints.loading import load_checkpoint
+from nexttok.models.cache import KVCache
+from nexttok.tokenizers.tokenizer import bytes_to_unicode
 from tiny_models import SPECS, VOCAB, write_tiny
 
 ATOL = 1e-4

@@ -13,9 +13,9 @@ import torch
 
 from json_schemas import SCHEMAS
 from nexttok.errors import InvalidParameter
-from nexttok.generate import stream
-from nexttok.grammar import Constraint
-from nexttok.sampling import SamplerChain, SamplingParams
+from nexttok.generation.grammar import Constraint
+from nexttok.generation.loop import stream
+from nexttok.generation.sampling import SamplerChain, SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +112,7 @@ def test_library_errors_name_the_parameter(tiny_live):
 def test_sentencepiece_vocabularies_walk_a_schema(spm_variant_files, variant):
     """A SentencePiece-style tokenizer puts "▁" before a text's first word: the grammar engine must
     still see each token's bytes mid-text and get continuation ids for text it forces."""
-    from nexttok.tokenizer_json import tokenizer_from_json
+    from nexttok.tokenizers.from_json import tokenizer_from_json
 
     tokenizer = tokenizer_from_json(json.loads(spm_variant_files[variant].read_text(encoding="utf-8")))
     stop = tokenizer.vocab_size - 1

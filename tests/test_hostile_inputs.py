@@ -17,14 +17,15 @@ import pytest
 import torch
 
 from corpus import corpus
-from nexttok import kernels, weights
-from nexttok.bundled import DEFAULT_MODEL, bundled_model_file
+from nexttok.checkpoints import weights
+from nexttok.checkpoints.bundled import DEFAULT_MODEL, bundled_model_file
+from nexttok.checkpoints.gguf.metadata import read_metadata
+from nexttok.checkpoints.gguf.reader import GGUFError, read_gguf
+from nexttok.checkpoints.loading import load_checkpoint
+from nexttok.checkpoints.sources import load_tokenizer
+from nexttok.checkpoints.weights import NotEnoughMemory, format_bytes
 from nexttok.cli import main
-from nexttok.gguf import GGUFError, read_gguf
-from nexttok.gguf_metadata import read_metadata
-from nexttok.loading import load_checkpoint
-from nexttok.sources import load_tokenizer
-from nexttok.weights import NotEnoughMemory, format_bytes
+from nexttok.models import kernels
 
 
 def _write_gguf(path, arch: str, tokens: list[str], merges: list[str], tensors: dict[str, np.ndarray]):

@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType, quants
 
-from nexttok import kernels
-from nexttok.block_quant import BlockEmbedding, BlockLinear
+from nexttok.models import kernels
+from nexttok.models.block_quant import BlockEmbedding, BlockLinear
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="no C++ compiler: the kernels are not built")
 
@@ -177,7 +177,7 @@ def test_bad_shapes_are_one_line_errors():
 
 def test_no_compiler_is_one_line_and_a_fallback(tmp_path):
     code = ("import shutil; shutil.which = lambda name: None\n"
-            "from nexttok import kernels\n"
+            "from nexttok.models import kernels\n"
             "assert kernels.load() is None and not kernels.available()\n")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr

@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nexttok import lesson
+from nexttok.checkpoints.loading import load_model
 from nexttok.errors import InvalidParameter
-from nexttok.loading import load_model
+from nexttok.lesson import sections as lesson
 from tiny_models import write_tiny, write_tiny_with_gpt2_tokenizer
 
 IDS = [3, 17, 5, 99, 42, 7, 7, 64, 1, 30, 11]

@@ -7,10 +7,10 @@ import httpx
 import pytest
 import torch
 
-from nexttok import lesson
-from nexttok.explain import ExplainSession
-from nexttok.generate import generate
-from nexttok.sampling import SamplingParams
+from nexttok.generation.loop import generate
+from nexttok.generation.sampling import SamplingParams
+from nexttok.lesson import sections as lesson
+from nexttok.lesson.session import ExplainSession
 
 PROMPT = "The king and the queen ate an apple"
 

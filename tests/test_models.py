@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nexttok.cache import ContextFull, KVCache
-from nexttok.loading import load_model
+from nexttok.checkpoints.loading import load_model
 from nexttok.models.attention import AttentionCapture
+from nexttok.models.cache import ContextFull, KVCache
 from tiny_models import SPECS, VOCAB, write_tiny
 
 ATOL = 1e-4

@@ -1,6 +1,6 @@
 """The explainer page in headless Chromium (Debian's /usr/bin/chromium, driven by Playwright).
 
-What the page shows after a dial moves is checked against nexttok.sampling run here on the same
+What the page shows after a dial moves is checked against nexttok.generation.sampling run here on the same
 logits: the probabilities after the chain, each stage's kept count and entropy, the cut rows and
 the token the step's draw picks."""
 
@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from nexttok.sampling import SamplerChain, SamplingParams
+from nexttok.generation.sampling import SamplerChain, SamplingParams
 
 PROMPT = "The capital of France is"
 NEUTRAL = {"temperature": 1, "top_k": 0, "top_p": 1, "min_p": 0, "repetition_penalty": 1, "presence_penalty": 0,

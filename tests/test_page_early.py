@@ -1,6 +1,6 @@
 """Sections 1-5 of the explainer page (lesson-early.js) in headless Chromium: tokens and cost,
 embeddings, position, the attention matrix and one head by hand, the logit lens. What each view
-shows (its data-* attributes) is checked against the lesson's routes and the nexttok.lesson
+shows (its data-* attributes) is checked against the lesson's routes and the nexttok.lesson.sections
 functions run here on the served model; the capture views are fetched only while their section
 is open; at 400 px nothing runs off the page; no console errors."""
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nexttok import lesson
+from nexttok.lesson import sections as lesson
 
 PRESET = "The animal didn't cross the street because it was too tired"
 CAPTURES = ("/lens", "/attention", "/attention/detail")

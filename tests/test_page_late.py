@@ -13,9 +13,9 @@ from urllib.parse import urlparse
 
 import pytest
 
-from nexttok import lesson
-from nexttok.generate import generate
-from nexttok.sampling import SamplingParams
+from nexttok.generation.loop import generate
+from nexttok.generation.sampling import SamplingParams
+from nexttok.lesson import sections as lesson
 
 PROMPT = "The capital of France is"
 LATE = ["#sec-logits", "#sec-sampling", "#sec-loop", "#sec-stop", "#sec-context", "#sec-experiments"]

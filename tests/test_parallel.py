@@ -22,16 +22,16 @@ import httpx
 import pytest
 import torch
 
-from nexttok import parallel_group
-from nexttok.cache import KVCache, SlotCache
+from nexttok.checkpoints.loading import load_checkpoint, load_model
 from nexttok.cli import main
-from nexttok.config import ModelConfig
-from nexttok.generate import generate
-from nexttok.loading import load_checkpoint, load_model
-from nexttok.parallel import RankFailed, model_on, start
-from nexttok.parallel_layers import check_world, head_split, split
-from nexttok.quant import Int4Linear, Int8Linear, Q8Embedding
-from nexttok.sampling import SamplingParams
+from nexttok.generation.loop import generate
+from nexttok.generation.sampling import SamplingParams
+from nexttok.models.cache import KVCache, SlotCache
+from nexttok.models.config import ModelConfig
+from nexttok.models.quant import Int4Linear, Int8Linear, Q8Embedding
+from nexttok.parallel import group as parallel_group
+from nexttok.parallel.layers import check_world, head_split, split
+from nexttok.parallel.model import RankFailed, model_on, start
 from tiny_models import write_tiny
 
 ATOL = 1e-5
@@ -330,7 +330,7 @@ def _stream_lines(url: str, prompt: str) -> list[str]:
         return [line for line in response.iter_lines() if line]
 
 
-PARENT = ("import time; from nexttok.parallel import start; group = start(2, timeout=30); "
+PARENT = ("import time; from nexttok.parallel.model import start; group = start(2, timeout=30); "
           "print('joined', flush=True); time.sleep(120)")
 
 

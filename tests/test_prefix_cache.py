@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from live_server import LiveServer
-from nexttok.cache import KVCache, SlotCache
-from nexttok.loading import load_model
+from nexttok.checkpoints.loading import load_model
+from nexttok.models.cache import KVCache, SlotCache
 from nexttok.server import ServerLimits, create_app, load_served
 from nexttok.server.metrics import Metrics
 from nexttok.server.prefix_cache import BLOCK, PrefixCache, prefill, prefill_chunks

@@ -8,13 +8,13 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
 
-from nexttok import kernels
-from nexttok.block_quant import BlockEmbedding, BlockLinear
-from nexttok.generate import generate
-from nexttok.gguf_blocks import int4_groups
-from nexttok.loading import load_checkpoint, load_model
-from nexttok.quant import GROUP, Int4Linear, Int8Linear, Q8Embedding, quantized_linear, rows_independent
-from nexttok.sampling import SamplingParams
+from nexttok.checkpoints.gguf.blocks import int4_groups
+from nexttok.checkpoints.loading import load_checkpoint, load_model
+from nexttok.generation.loop import generate
+from nexttok.generation.sampling import SamplingParams
+from nexttok.models import kernels
+from nexttok.models.block_quant import BlockEmbedding, BlockLinear
+from nexttok.models.quant import GROUP, Int4Linear, Int8Linear, Q8Embedding, quantized_linear, rows_independent
 from tiny_models import write_tiny
 
 GREEDY = SamplingParams(temperature=0)

@@ -8,8 +8,8 @@ import re
 import pytest
 import torch
 
-from nexttok.parameters import PARAMETERS
-from nexttok.sampling import (
+from nexttok.generation.parameters import PARAMETERS
+from nexttok.generation.sampling import (
     NEG_INF,
     History,
     LogitBias,

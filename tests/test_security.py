@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from live_server import LiveServer
-from nexttok import tokenizer as tokenizer_module
-from nexttok.sampling import SamplerChain, SamplingParams
+from nexttok.generation.sampling import SamplerChain, SamplingParams
 from nexttok.server import ServerLimits, create_app, load_served
+from nexttok.tokenizers import tokenizer as tokenizer_module
 
 MODEL = "tiny"
 

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corpus import SPECIAL_TOKENS, chunks, corpus
-from nexttok.detokenizer import IncrementalDetokenizer
-from nexttok.tokenizer_json import from_tokenizer_json
+from nexttok.tokenizers.detokenizer import IncrementalDetokenizer
+from nexttok.tokenizers.from_json import from_tokenizer_json
 
 SPACE = "\u2581"
 VARIANTS = ["llama2", "mistral", "metaspace_split", "metaspace_always", "metaspace_never", "metaspace_decoder",

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from live_server import LiveServer
-from nexttok.generate import generate, stream
-from nexttok.sampling import SamplingParams
+from nexttok.generation.loop import generate, stream
+from nexttok.generation.sampling import SamplingParams
 from nexttok.server import create_app, load_served
 
 MODEL = "tiny"

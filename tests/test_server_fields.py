@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from live_server import LiveServer
-from nexttok.generate import generate
-from nexttok.sampling import SamplingParams
+from nexttok.generation.loop import generate
+from nexttok.generation.sampling import SamplingParams
 from nexttok.server import create_app, load_served
 
 MODEL = "tiny"
@@ -151,7 +151,7 @@ def test_fill_in_the_middle_prompt_is_the_models_own_form(trained_json):
     import tokenizers
 
     from nexttok.server.scoring import fim_ids
-    from nexttok.tokenizer_json import tokenizer_from_json
+    from nexttok.tokenizers.from_json import tokenizer_from_json
 
     names = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"]
     reference = tokenizers.Tokenizer.from_str(json.dumps(trained_json))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nexttok.cache import SlotCache
-from nexttok.loading import load_model
+from nexttok.checkpoints.loading import load_model
+from nexttok.models.cache import SlotCache
 from tiny_models import write_tiny
 
 

@@ -104,3 +104,66 @@ def test_files_and_functions_stay_short(path: Path):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
             and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
     assert not long, f"{path.name}: functions over {MAX_FUNCTION_LINES} lines: {', '.join(long)}"
+
+
+# The pipeline's layers, lowest first: a module imports only from its own layer or those below it
+# (README, "Architecture"). Within a layer, packages do not import each other.
+LAYERS = [
+    ("nexttok.errors", "nexttok.home"),
+    ("nexttok.tokenizers",),
+    ("nexttok.models",),
+    ("nexttok.checkpoints",),
+    ("nexttok.generation",),
+    ("nexttok.parallel",),
+    ("nexttok.lesson",),
+    ("nexttok.server",),
+    ("nexttok.benchmark",),
+    ("nexttok.cli",),
+    ("nexttok.__main__", "nexttok"),  # the entry point and the package's public names
+]
+
+
+def unit_of(module: str) -> tuple[int, str]:
+    """(layer, unit) of a module: unit_of("nexttok.models.llama") == (2, "nexttok.models")."""
+    best = None
+    for layer, units in enumerate(LAYERS):
+        for unit in units:
+            if (module == unit or module.startswith(unit + ".")) and (best is None or len(unit) > len(best[1])):
+                best = (layer, unit)
+    assert best is not None, f"{module} is in no layer: add its package to LAYERS (and the README)"
+    return best
+
+
+def layering_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Imports that point up a layer or across to another unit of the same layer."""
+    found = []
+    for module, imported in sorted(graph.items()):
+        layer, unit = unit_of(module)
+        for target in sorted(imported):
+            their_layer, their_unit = unit_of(target)
+            if their_layer > layer or (their_layer == layer and their_unit != unit):
+                found.append(f"{module} -> {target}")
+    return found
+
+
+def test_layering_finds_an_upward_import():
+    assert layering_violations({"nexttok.models.llama": {"nexttok.generation.loop"}}) == [
+        "nexttok.models.llama -> nexttok.generation.loop"]
+    assert layering_violations({"nexttok.errors": {"nexttok.home"}}) == ["nexttok.errors -> nexttok.home"]
+    assert layering_violations({"nexttok.server.app": {"nexttok.models.cache", "nexttok.errors"}}) == []
+
+
+def test_every_import_points_down_the_pipeline():
+    """Function-local imports included: a lazy import may not climb a layer either."""
+    assert layering_violations(import_graph()) == []
+
+
+def test_no_module_imports_another_modules_private_name():
+    known = {module_name(p) for p in sources()}
+    found = []
+    for path in sources():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module in known and node.module != module_name(path):
+                found += [f"{module_name(path)}: {node.module}.{a.name}" for a in node.names
+                          if a.name.startswith("_") and f"{node.module}.{a.name}" not in known]
+    assert found == []

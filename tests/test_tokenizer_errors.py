@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from nexttok.sources import load_tokenizer
-from nexttok.tokenizer import TokenizerError
-from nexttok.tokenizer_json import from_directory, from_tokenizer_json, from_vocab_merges
+from nexttok.checkpoints.sources import load_tokenizer
+from nexttok.tokenizers.from_json import from_directory, from_tokenizer_json, from_vocab_merges
+from nexttok.tokenizers.tokenizer import TokenizerError
 
 
 def _write(tmp_path, data, name="tokenizer.json"):

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from corpus import SPECIAL_TOKENS, chunks, corpus
-from nexttok.gguf import read_gguf_tokenizer
-from nexttok.gguf_metadata import GGUFError
-from nexttok.gguf_tokenizer import hf_tokenizer, merges_from_scores
-from nexttok.sources import load_tokenizer
-from nexttok.tokenizer_json import tokenizer_from_json
+from nexttok.checkpoints.gguf.metadata import GGUFError
+from nexttok.checkpoints.gguf.reader import read_gguf_tokenizer
+from nexttok.checkpoints.gguf.tokenizer import hf_tokenizer, merges_from_scores
+from nexttok.checkpoints.sources import load_tokenizer
+from nexttok.tokenizers.from_json import tokenizer_from_json
 
 SPACE = "\u2581"
 NORMAL, UNKNOWN, CONTROL, BYTE = 1, 2, 3, 6

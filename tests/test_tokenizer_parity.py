@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corpus import chunks, corpus
-from nexttok.tokenizer_json import from_tokenizer_json
+from nexttok.tokenizers.from_json import from_tokenizer_json
 
 VARIANTS = [
     "gpt2", "gpt2_prefix_space", "llama3", "qwen2", "smollm", "digit_runs_nfkc", "string_merges",

@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nexttok.detokenizer import IncrementalDetokenizer
-from nexttok.tokenizer import bytes_to_unicode
-from nexttok.tokenizer_json import from_tokenizer_json
+from nexttok.tokenizers.detokenizer import IncrementalDetokenizer
+from nexttok.tokenizers.from_json import from_tokenizer_json
+from nexttok.tokenizers.tokenizer import bytes_to_unicode
 
 
 @settings(max_examples=400, deadline=None)

@@ -10,7 +10,7 @@ import jsonschema
 import openai
 import pytest
 
-from nexttok.tools import parse_tools, read_reply, reply_schema, with_tools
+from nexttok.generation.tools import parse_tools, read_reply, reply_schema, with_tools
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",

@@ -11,9 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from nexttok.config import CheckpointError, ConfigError
-from nexttok.loading import load_model
-from nexttok.weights import pick_dtype
+from nexttok.checkpoints.loading import load_model
+from nexttok.checkpoints.weights import pick_dtype
+from nexttok.models.config import CheckpointError, ConfigError
 from tiny_models import VOCAB, write_tiny
 
 
@@ -147,7 +147,7 @@ def test_default_dtype_is_float32_on_cpu(llama_dir):
 
 def test_hub_id_offline_and_not_cached(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path)}
-    code = "from nexttok.loading import load_model; load_model('HuggingFaceTB/SmolLM2-135M')"
+    code = "from nexttok.checkpoints.loading import load_model; load_model('HuggingFaceTB/SmolLM2-135M')"
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert result.returncode != 0
     assert "is not a local path, not in the Hugging Face cache, and could not be downloaded" in result.stderr

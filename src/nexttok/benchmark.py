@@ -23,13 +23,13 @@ from queue import Empty
 
 import torch
 
-from nexttok import kernels
-from nexttok.cache import KVCache
-from nexttok.export import write_gguf_gpt2
-from nexttok.generate import generate
-from nexttok.gguf import GGUFError
-from nexttok.loading import load_checkpoint
-from nexttok.sampling import SamplingParams
+from nexttok.checkpoints.export import write_gguf_gpt2
+from nexttok.checkpoints.gguf.reader import GGUFError
+from nexttok.checkpoints.loading import load_checkpoint
+from nexttok.generation.loop import generate
+from nexttok.generation.sampling import SamplingParams
+from nexttok.models import kernels
+from nexttok.models.cache import KVCache
 
 METRICS = (  # key, label, higher is better
     ("decode_tps", "decode tokens/s (batch 1, greedy)", True),
@@ -85,7 +85,7 @@ def _median(values: list[float]) -> float:
 def bench_nexttok(cfg: BenchConfig) -> dict:
     torch.set_num_threads(cfg.threads)
     if cfg.tensor_parallel > 1:  # the ranks share the threads: cfg.threads // N each
-        from nexttok.parallel import load_parallel
+        from nexttok.parallel.model import load_parallel
 
         checkpoint = load_parallel(cfg.source, world=cfg.tensor_parallel, dtype=cfg.dtype, device="cpu",
                                    compile=cfg.compile, threads=max(1, cfg.threads // cfg.tensor_parallel))

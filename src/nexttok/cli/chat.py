@@ -19,7 +19,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from nexttok.bundled import DEFAULT_MODEL
+from nexttok.checkpoints.bundled import DEFAULT_MODEL
 from nexttok.cli import common
 from nexttok.errors import InvalidParameter
 
@@ -128,7 +128,7 @@ class ChatSession:
     """One REPL: its conversation, settings and the commands that change them."""
 
     def __init__(self, checkpoint, name: str, args: argparse.Namespace, out: Console):
-        from nexttok.generate import context_window
+        from nexttok.generation.loop import context_window
 
         if checkpoint.chat_template is None:
             raise ValueError(f"{name} has no chat template (none in its tokenizer_config.json, "
@@ -215,8 +215,8 @@ class ChatSession:
 
     def _stream(self, ids: list[int]) -> tuple[str, int, str | None]:
         """Stream an answer to the terminal: (its text, tokens, finish reason or "interrupted")."""
-        from nexttok.generate import stream
-        from nexttok.sampling import SamplingParams
+        from nexttok.generation.loop import stream
+        from nexttok.generation.sampling import SamplingParams
 
         steps = stream(self.model, self.tokenizer, ids, SamplingParams(**self.sampling),
                        max_tokens=self.max_tokens, stop_token_ids=self.stop_ids)
@@ -235,7 +235,7 @@ class ChatSession:
         return "".join(parts), len(parts), finish
 
     def set(self, rest: str) -> None:
-        from nexttok.sampling import SamplingParams
+        from nexttok.generation.sampling import SamplingParams
 
         name, _, value = rest.partition(" ")
         name = name.replace("-", "_")
@@ -293,7 +293,7 @@ class ChatSession:
 
 
 def cmd_chat(args: argparse.Namespace, out: Console) -> int:
-    from nexttok.loading import load_checkpoint
+    from nexttok.checkpoints.loading import load_checkpoint
 
     if args.context is not None and args.context < 2:
         raise ValueError(f"--context must be >= 2, got {args.context}")

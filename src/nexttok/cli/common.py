@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from nexttok.bundled import DEFAULT_MODEL
+from nexttok.checkpoints.bundled import DEFAULT_MODEL
 
 DTYPE_HELP = ("auto (default: a .gguf as shipped, quantized; a checkpoint directory in float32 on CPU), "
               "float32, bfloat16, float16, or int8 / int4 (linear layers quantized at load)")
@@ -37,7 +37,7 @@ def escape(text: str) -> str:
 
 
 def sampling_params(args: argparse.Namespace):
-    from nexttok.sampling import SamplingParams
+    from nexttok.generation.sampling import SamplingParams
 
     return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                           min_p=args.min_p, repetition_penalty=args.repetition_penalty, seed=args.seed)
@@ -61,12 +61,12 @@ def load(model: str, args: argparse.Namespace):
     """Model and tokenizer; with --tensor-parallel N > 1 the model is split over N ranks (rank 0
     returns; any other rank, under torchrun, follows rank 0 and exits inside this call)."""
     if getattr(args, "tensor_parallel", 1) != 1:  # load_parallel checks N
-        from nexttok.parallel import load_parallel
+        from nexttok.parallel.model import load_parallel
 
         checkpoint = load_parallel(model, world=args.tensor_parallel, dtype=args.dtype, device=args.device,
                                    compile=args.compile, timeout=args.tp_timeout)
     else:
-        from nexttok.loading import load_checkpoint
+        from nexttok.checkpoints.loading import load_checkpoint
 
         checkpoint = load_checkpoint(model, dtype=args.dtype, device=args.device, compile=args.compile)
     return checkpoint.model, checkpoint.tokenizer

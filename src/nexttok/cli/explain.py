@@ -12,7 +12,7 @@ from nexttok.cli import common
 
 
 def cmd_explain(args: argparse.Namespace, out: Console) -> int:
-    from nexttok.generate import prompt_ids_for, stream
+    from nexttok.generation.loop import prompt_ids_for, stream
 
     if args.steps < 1 or args.top < 1:
         raise ValueError(f"--steps and --top must be >= 1, got {args.steps} and {args.top}")
@@ -52,7 +52,7 @@ def _attention_focus(spec: str | None) -> tuple[int, int | None] | None:
 
 def _lens_table(model, tokenizer, ids: list[int]) -> Table:
     """The logit lens at the last position: each layer's top 3 and the final token's p and rank."""
-    from nexttok import lesson
+    from nexttok.lesson import sections as lesson
 
     view = lesson.lens(model, tokenizer, lesson.inspect(model, ids), -1, 3)
     final = common.escape(common.visible(view["final"]["text"]))
@@ -71,7 +71,7 @@ def _lens_table(model, tokenizer, ids: list[int]) -> Table:
 def _attention_heatmap(model, tokenizer, ids: list[int], layer: int, head: int | None, shown: int = 32) -> Table:
     """The attention matrix of one layer and head (or their mean) over the whole text, darker = more
     weight; the last `shown` tokens when the text is longer."""
-    from nexttok import lesson
+    from nexttok.lesson import sections as lesson
 
     matrix = lesson.attention_matrix(lesson.inspect(model, ids), layer, head)[-shown:, -shown:]
     labels = [common.escape(common.visible(t))[:8] for t in (lesson.token_text(tokenizer, i) for i in ids[-shown:])]
@@ -145,7 +145,7 @@ def add_parsers(sub) -> None:
 def cmd_neighbors(args: argparse.Namespace, out: Console) -> int:
     import torch
 
-    from nexttok import lesson
+    from nexttok.lesson import sections as lesson
 
     if not 1 <= args.k <= 100:
         raise ValueError(f"-k must be in 1..100, got {args.k}")

@@ -7,12 +7,12 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from nexttok.bundled import DEFAULT_MODEL
+from nexttok.checkpoints.bundled import DEFAULT_MODEL
 from nexttok.cli import common
 
 
 def cmd_models(args: argparse.Namespace, out: Console) -> int:
-    from nexttok import bundled
+    from nexttok.checkpoints import bundled
 
     table = Table(title="models available without a network", title_justify="left", header_style="bold")
     for column in ("name", "kind", "license", "where"):
@@ -34,8 +34,8 @@ def cmd_models(args: argparse.Namespace, out: Console) -> int:
 
 
 def cmd_convert(args: argparse.Namespace, out: Console) -> int:
-    from nexttok.convert import convert_gguf
-    from nexttok.sources import local_checkpoint
+    from nexttok.checkpoints.convert import convert_gguf
+    from nexttok.checkpoints.sources import local_checkpoint
 
     found = local_checkpoint(args.model, missing="GGUF file")
     if found is None or not found.is_file():

@@ -6,7 +6,7 @@ import argparse
 
 from rich.console import Console
 
-from nexttok.bundled import DEFAULT_MODEL
+from nexttok.checkpoints.bundled import DEFAULT_MODEL
 from nexttok.cli import common
 
 
@@ -88,7 +88,7 @@ def _load_parallel(source: str, name: str | None, args: argparse.Namespace):
     """A model split over --tensor-parallel ranks, ready to serve (rank 0; the others follow inside)."""
     from pathlib import Path
 
-    from nexttok.parallel import load_parallel
+    from nexttok.parallel.model import load_parallel
     from nexttok.server import ServedModel
 
     checkpoint = load_parallel(source, world=args.tensor_parallel, dtype=args.dtype, device=args.device,
@@ -114,7 +114,7 @@ def cmd_bench(args: argparse.Namespace, out: Console) -> int:
     import os
 
     from nexttok.benchmark import BenchConfig, run
-    from nexttok.sources import resolve_checkpoint
+    from nexttok.checkpoints.sources import resolve_checkpoint
 
     if args.tensor_parallel != 1 and "RANK" in os.environ:
         raise ValueError("bench --tensor-parallel starts its own ranks: run it without torchrun")

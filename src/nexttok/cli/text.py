@@ -10,9 +10,9 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
+from nexttok.checkpoints.sources import load_tokenizer
 from nexttok.cli import common
-from nexttok.sources import load_tokenizer
-from nexttok.tokenizer import Piece
+from nexttok.tokenizers.tokenizer import Piece
 
 
 def cmd_tokenize(args: argparse.Namespace, out: Console) -> int:
@@ -56,7 +56,7 @@ def _step_record(step) -> dict:
 
 
 def cmd_run(args: argparse.Namespace, out: Console) -> int:
-    from nexttok.generate import stream
+    from nexttok.generation.loop import stream
 
     name, prompt = common.model_and_prompt(args)
     params = common.sampling_params(args)  # checked before the model loads
@@ -66,7 +66,7 @@ def cmd_run(args: argparse.Namespace, out: Console) -> int:
     err = Console(stderr=True)
     constraint = None
     if schema is not None:
-        from nexttok.grammar import Constraint
+        from nexttok.generation.grammar import Constraint
 
         config = model.config
         constraint = Constraint.json_schema(tokenizer, config.vocab_size, schema, config.eos_token_id,

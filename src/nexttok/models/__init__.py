@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from nexttok.config import ModelConfig
+from nexttok.models.config import ModelConfig
 from nexttok.models.gemma3 import Gemma3
 from nexttok.models.gpt2 import GPT2
 from nexttok.models.llama import Llama

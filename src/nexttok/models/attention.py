@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from nexttok import kernels
-from nexttok.cache import Cache
+from nexttok.models import kernels
+from nexttok.models.cache import Cache
 
 # Masks the fast attention kernels express without a tensor, for contiguous positions 0..S-1:
 ALL = "all"  # one new token after the cache: it sees every key

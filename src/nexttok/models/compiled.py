@@ -23,8 +23,8 @@ import time
 import torch
 from torch import nn
 
+from nexttok.home import cache_home
 from nexttok.models.attention import STEP, TRACED
-from nexttok.sources import cache_home
 
 
 class CompileUnavailable(RuntimeError):

@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nexttok.cache import Cache
-from nexttok.config import ModelConfig
 from nexttok.models.attention import AttentionCapture, attend_cached, keys_for, masks_for, positions_for
+from nexttok.models.cache import Cache
 from nexttok.models.compiled import CompiledDecode
+from nexttok.models.config import ModelConfig
 
 ACTIVATIONS = {
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),

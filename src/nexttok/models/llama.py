@@ -20,11 +20,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nexttok import kernels
-from nexttok.cache import Cache
-from nexttok.config import ModelConfig
+from nexttok.models import kernels
 from nexttok.models.attention import AttentionCapture, attend_cached, keys_for, masks_for, positions_for
+from nexttok.models.cache import Cache
 from nexttok.models.compiled import CompiledDecode
+from nexttok.models.config import ModelConfig
 from nexttok.models.fused import FusedLinear
 
 

@@ -20,9 +20,9 @@ import math
 import torch
 from torch import nn
 
-from nexttok.config import ModelConfig
 from nexttok.models import llama
 from nexttok.models.attention import attend_cached
+from nexttok.models.config import ModelConfig
 from nexttok.models.llama import apply_rope
 
 

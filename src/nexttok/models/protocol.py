@@ -7,10 +7,10 @@ from typing import Protocol
 
 import torch
 
-from nexttok.cache import Cache
-from nexttok.config import ModelConfig
 from nexttok.models.attention import AttentionCapture
+from nexttok.models.cache import Cache
 from nexttok.models.compiled import CompiledDecode
+from nexttok.models.config import ModelConfig
 
 
 class Model(Protocol):

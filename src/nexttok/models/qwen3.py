@@ -12,9 +12,9 @@ Unlike Qwen2, q/k/v carry a bias only when attention_bias is set, and then o_pro
 
 from __future__ import annotations
 
-from nexttok.config import ModelConfig
 from nexttok.models import llama
 from nexttok.models.attention import attend_cached
+from nexttok.models.config import ModelConfig
 from nexttok.models.llama import RMSNorm, apply_rope
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import uvicorn
 
-from nexttok.loading import load_checkpoint
+from nexttok.checkpoints.loading import load_checkpoint
 from nexttok.server.app import create_app
 from nexttok.server.engine import ServedModel
 from nexttok.server.limits import ServerLimits

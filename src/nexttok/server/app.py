@@ -13,13 +13,13 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from nexttok.generate import context_window
+from nexttok.generation.loop import context_window
 from nexttok.server.auth import install_api_key
 from nexttok.server.completions import install_generation_routes
 from nexttok.server.embeddings import install_embedding_routes
 from nexttok.server.engine import ServedModel, find_served
 from nexttok.server.errors import install_error_handlers
-from nexttok.server.explainer import install_explainer
+from nexttok.server.lesson.routes import install_explainer
 from nexttok.server.limits import BodyLimit, ServerLimits
 from nexttok.server.metrics import Metrics
 from nexttok.server.openapi import openapi_spec

@@ -9,17 +9,17 @@ from dataclasses import dataclass, replace
 from fastapi import FastAPI
 
 from nexttok.errors import InvalidParameter
-from nexttok.generate import Generation, prompt_ids_for
-from nexttok.grammar import Constraint
-from nexttok.parameters import DIALS
-from nexttok.sampling import SamplingParams
+from nexttok.generation.grammar import Constraint
+from nexttok.generation.loop import Generation, prompt_ids_for
+from nexttok.generation.parameters import DIALS
+from nexttok.generation.sampling import SamplingParams
+from nexttok.generation.tools import Tool, from_functions, parse_choice, parse_tools, reply_schema, with_tools
 from nexttok.server.engine import ServedModel, find_served
 from nexttok.server.errors import APIError
 from nexttok.server.responses import ChatFormat, CompletionFormat, ResponseFormat, ToolCallFormat
 from nexttok.server.schemas import ChatRequest, CompletionRequest, OutputFormat, SamplingFields
 from nexttok.server.scoring import best_choices, fim_ids, prompt_text, score_prompts
 from nexttok.server.streaming import Run, close, respond
-from nexttok.tools import Tool, from_functions, parse_choice, parse_tools, reply_schema, with_tools
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_CHOICES = 64  # prompts × n (or best_of) in one request: the scheduler's default waiting line

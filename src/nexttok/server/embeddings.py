@@ -1,7 +1,7 @@
 """POST /v1/embeddings, OpenAI's Embeddings API over the loaded model.
 
 An input's embedding is the mean over its tokens of the model's final hidden states (after the
-final norm, what lm_head reads), L2-normalised: llama.cpp's `--pooling mean` (nexttok.pooling).
+final norm, what lm_head reads), L2-normalised: llama.cpp's `--pooling mean` (nexttok.models.pooling).
 A string is encoded as /v1/completions encodes a prompt (with the tokenizer's BOS where it adds
 one); token ids are taken as given.
 
@@ -28,7 +28,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel, Field
 
 from nexttok.errors import InvalidParameter
-from nexttok.pooling import mean_pooled
+from nexttok.models.pooling import mean_pooled
 from nexttok.server.engine import ServedModel, find_served
 from nexttok.server.scheduler import RequestTimeout
 from nexttok.server.schemas import Strict, TokenId

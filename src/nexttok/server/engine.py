@@ -6,12 +6,12 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from nexttok.chat import ChatTemplate
-from nexttok.generate import context_window
+from nexttok.generation.loop import context_window
 from nexttok.models import Model
 from nexttok.server.errors import APIError
 from nexttok.server.scheduler import Scheduler
-from nexttok.tokenizer import Tokenizer
+from nexttok.tokenizers.chat_template import ChatTemplate
+from nexttok.tokenizers.tokenizer import Tokenizer
 
 
 @dataclass

@@ -8,9 +8,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from nexttok.chat import ChatTemplateError
 from nexttok.errors import InvalidParameter
 from nexttok.server.scheduler import GenerationFailed, QueueFull, RequestTimeout, ShuttingDown
+from nexttok.tokenizers.chat_template import ChatTemplateError
 
 
 class APIError(Exception):

@@ -42,9 +42,9 @@ from dataclasses import dataclass
 
 import torch
 
-from nexttok.cache import SlotCache
+from nexttok.generation.scoring import PromptScores
 from nexttok.models import Model
-from nexttok.scoring import PromptScores
+from nexttok.models.cache import SlotCache
 from nexttok.server.metrics import Metrics
 
 # Tokens per block, which is also the prefill chunk. Smaller blocks reuse more of a prompt (on

@@ -6,9 +6,9 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from nexttok.generate import Step
-from nexttok.scoring import PromptScores
-from nexttok.tools import read_reply
+from nexttok.generation.loop import Step
+from nexttok.generation.scoring import PromptScores
+from nexttok.generation.tools import read_reply
 
 
 @dataclass

@@ -12,8 +12,8 @@ import time
 import uuid
 
 from nexttok.errors import InvalidParameter
-from nexttok.generate import Step
-from nexttok.tools import read_reply
+from nexttok.generation.loop import Step
+from nexttok.generation.tools import read_reply
 
 TEXT_PARTS = ("input_text", "output_text", "text")
 MESSAGE_ROLES = ("user", "system", "developer", "assistant")

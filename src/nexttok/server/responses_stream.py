@@ -8,7 +8,7 @@ and its items are sent at the end: function calls, or the message it turned out 
 
 from __future__ import annotations
 
-from nexttok.generate import Step
+from nexttok.generation.loop import Step
 from nexttok.server.responses_items import ResponseBuilder, usage
 
 

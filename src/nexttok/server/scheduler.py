@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from nexttok.cache import SlotCache
-from nexttok.generate import Generation, Step
+from nexttok.generation.loop import Generation, Step
 from nexttok.models import Model
-from nexttok.quant import rows_independent
+from nexttok.models.cache import SlotCache
+from nexttok.models.quant import rows_independent
 from nexttok.server.metrics import Metrics
 from nexttok.server.prefix_cache import PrefixCache, prefill
 

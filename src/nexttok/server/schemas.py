@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from nexttok.parameters import PARAMETERS
+from nexttok.generation.parameters import PARAMETERS
 
 MAX_N = 8
 MAX_PROMPTS = 64  # prompts in one completions request (evaluation harnesses send batches)
@@ -24,7 +24,7 @@ NonEmpty = Annotated[str, StringConstraints(min_length=1)]
 
 def bounded(name: str, default: Any = None, **overrides: Any) -> Any:
     """A request field with the library's range and meaning of a sampling parameter (one table:
-    nexttok.parameters.PARAMETERS): bounded("top_p") is Field(None, gt=0.0, le=1.0, description=...)."""
+    nexttok.generation.parameters.PARAMETERS): bounded("top_p") is Field(None, gt=0.0, le=1.0, description=...)."""
     bound = PARAMETERS[name]
     return Field(default, **{**bound.limits(), "description": bound.meaning, **overrides})
 

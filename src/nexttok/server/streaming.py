@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from fastapi.responses import StreamingResponse
 
-from nexttok.generate import Step
+from nexttok.generation.loop import Step
 from nexttok.server.responses import ResponseFormat, Usage
 from nexttok.server.scheduler import GenerationFailed, RequestTimeout, ShuttingDown
 

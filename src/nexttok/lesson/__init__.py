@@ -1,0 +1,2 @@
+"""The explainer's own computations: a session that steps through generation over a tree of
+continuations, and the lesson's sections (embeddings, positions, attention, the logit lens)."""

@@ -1,0 +1,266 @@
+"""An explainer session: generation one step at a time, over a tree of continuations.
+
+The page (and anything else) asks for one step; the session runs the model on whatever part of
+the chosen path the KV cache does not hold yet (the whole prompt the first time, one token after
+that), samples with the dials it is given, and returns the Step record plus what a viewer shows:
+the model's top tokens with their probabilities before and after the sampler chain, the attention
+of the last position, and the timings. `redraw` re-runs the chain on a node's cached logits with
+other dials (no model call).
+Any node of the tree can be continued with any token (a branch); the cache keeps the longest
+prefix it shares with the new path and recomputes only the rest.
+
+Sampling goes through exactly the generation loop's path: a SamplerChain built from the params and
+the prompt, told the node's path with `accept`, sampling with the node's uniform draw u; the Step
+is made by generate.build_step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+
+from nexttok.errors import InvalidParameter
+from nexttok.generation.loop import Step, build_step, context_window, prompt_ids_for
+from nexttok.generation.sampling import SamplerChain, SamplingParams, StageRecord, Uniforms
+from nexttok.lesson import sections as lesson
+from nexttok.models import Model
+from nexttok.models.attention import AttentionCapture
+from nexttok.models.cache import KVCache
+from nexttok.tokenizers.tokenizer import Tokenizer
+
+MAX_NODES = 2000
+KEPT_DISTRIBUTIONS = 64  # nodes whose logits stay in memory for re-drawing (older ones recompute)
+KEPT_INSPECTIONS = 4  # nodes whose full capture (lens, attention matrices) stays in memory
+
+
+@dataclass
+class Node:
+    """A point in the tree: the prompt (root) or the prompt plus the tokens down to here."""
+
+    id: int
+    parent: int | None
+    token_id: int | None  # the token that leads here from the parent (None for the root)
+    depth: int  # generated tokens on the path
+    children: list[int] = field(default_factory=list)
+    draw: float | None = None  # the uniform number of draws from here (kept: dials compare like with like)
+
+
+@dataclass
+class Forward:
+    logits: torch.Tensor  # (vocab,) at the end of the path
+    attention: list[torch.Tensor]  # per layer (n_head, S): the last position over every key
+    tokens: int  # positions computed by this forward pass
+    seconds: float
+    prefill: bool
+    cached: bool = True  # the KV cache was used (False: the whole sequence went through the model again)
+
+
+@dataclass
+class Sampled:
+    """One run of the sampler chain on a node's logits."""
+
+    token_id: int  # what the chain picked (a branch may continue with another token)
+    final: torch.Tensor  # (vocab,) logits after the chain
+    draw: float | None  # u, or None when greedy
+    stages: list[StageRecord]
+    seconds: float
+
+
+class ExplainSession:
+    def __init__(self, model: Model, tokenizer: Tokenizer, prompt: str | list[int], *, max_len: int = 1024,
+                 seed: int | None = None):
+        self.model, self.tokenizer = model, tokenizer
+        config = model.config
+        limit = context_window(config, max_len)
+        self.prompt_ids = prompt_ids_for(model, tokenizer, prompt, limit)
+        parameter = next(model.parameters())
+        self.cache = KVCache.for_model(config, max_len=limit, dtype=parameter.dtype, device=parameter.device)
+        self.cached: list[int] = []  # the tokens whose keys/values the cache holds, in order
+        self.nodes: dict[int, Node] = {0: Node(0, None, None, 0)}
+        self.current = 0
+        # Each node's u is taken, the first time a draw from it needs one, from the same seeded stream
+        # a SamplerChain draws from. So a session walking one path with one seed uses exactly the u's
+        # that generate() with that seed uses (and picks the same tokens), while a node keeps its u
+        # when it is stepped again or re-drawn with other dials. The session's chains are given this
+        # stream (they never draw from it themselves: each is handed its node's u).
+        self.uniforms = Uniforms(seed)
+        self._forwards: OrderedDict[int, Forward] = OrderedDict()  # node -> its distribution
+        self._inspections: OrderedDict[int, lesson.Inspection] = OrderedDict()
+        self.stop_ids = list(config.eos_token_id)
+
+    # -- the tree ----------------------------------------------------------------------------
+
+    def node(self, node_id: int) -> Node:
+        if node_id not in self.nodes:
+            raise InvalidParameter("node", f"node {node_id} does not exist in this session")
+        return self.nodes[node_id]
+
+    def path(self, node_id: int) -> list[int]:
+        """Generated token ids from the prompt's end down to node_id."""
+        tokens = []
+        node = self.node(node_id)
+        while node.parent is not None:
+            tokens.append(node.token_id)
+            node = self.nodes[node.parent]
+        return tokens[::-1]
+
+    def child(self, parent_id: int, token_id: int) -> Node:
+        """The child of parent with this token, created when new."""
+        parent = self.node(parent_id)
+        if not (type(token_id) is int and 0 <= token_id < self.model.config.vocab_size):
+            raise InvalidParameter("token_id", f"token_id must be in 0..{self.model.config.vocab_size - 1}")
+        for child_id in parent.children:
+            if self.nodes[child_id].token_id == token_id:
+                return self.nodes[child_id]
+        if len(self.nodes) >= MAX_NODES:
+            raise InvalidParameter("node", f"the session's tree is full ({MAX_NODES} nodes)")
+        if len(self.prompt_ids) + parent.depth + 1 >= self.cache.max_len:
+            raise InvalidParameter("node", "the context window of this session is full", "context_length_exceeded")
+        node = Node(len(self.nodes), parent_id, token_id, parent.depth + 1)
+        self.nodes[node.id] = node
+        parent.children.append(node.id)
+        return node
+
+    # -- model -------------------------------------------------------------------------------
+
+    def forward(self, node_id: int, use_cache: bool = True) -> Forward:
+        """The next-token distribution at node_id, computing only what the cache lacks (use_cache:
+        False runs the whole sequence through the model again, as a loop without a cache would)."""
+        if node_id in self._forwards:
+            self._forwards.move_to_end(node_id)
+            return self._forwards[node_id]
+        tokens = self.prompt_ids + self.path(node_id)
+        result = self._forward(tokens) if use_cache else self._uncached(tokens)
+        self._forwards[node_id] = result
+        if len(self._forwards) > KEPT_DISTRIBUTIONS:
+            self._forwards.popitem(last=False)
+        return result
+
+    def _forward(self, tokens: list[int]) -> Forward:
+        shared = 0
+        while shared < min(len(tokens), len(self.cached)) and tokens[shared] == self.cached[shared]:
+            shared += 1
+        shared = min(shared, len(tokens) - 1)  # at least the last token goes through the model
+        self.cache.truncate(shared)
+        pending = torch.tensor([tokens[shared:]], device=self.cache.k.device)
+        capture = AttentionCapture()
+        start = time.perf_counter()
+        with torch.inference_mode():
+            logits = self.model(pending, self.cache, capture=capture, last_only=True)[0, -1].float()
+        seconds = time.perf_counter() - start
+        self.cached = tokens
+        return Forward(logits, [a[0] for a in capture.last_query], len(tokens) - shared, seconds, shared == 0)
+
+    def _uncached(self, tokens: list[int]) -> Forward:
+        ids = torch.tensor([tokens], device=self.cache.k.device)
+        capture = AttentionCapture()
+        start = time.perf_counter()
+        with torch.inference_mode():
+            logits = self.model(ids, None, capture=capture, last_only=True)[0, -1].float()
+        seconds = time.perf_counter() - start
+        return Forward(logits, [a[0] for a in capture.last_query], len(tokens), seconds, False, cached=False)
+
+    def inspect(self, node_id: int) -> lesson.Inspection:
+        """The full capture of the path to node_id (lens, attention matrices, q/k/v): one extra
+        forward pass, made only when a viewer asks, kept for the last few nodes."""
+        if node_id not in self._inspections:
+            self._inspections[node_id] = lesson.inspect(self.model, self.prompt_ids + self.path(node_id))
+            if len(self._inspections) > KEPT_INSPECTIONS:
+                self._inspections.popitem(last=False)
+        self._inspections.move_to_end(node_id)
+        return self._inspections[node_id]
+
+    # -- sampling ----------------------------------------------------------------------------
+
+    def _sample(self, params: SamplingParams, node: Node, forward: Forward) -> Sampled:
+        """The sampler chain of `params` on the node's logits, as Generation runs it: the chain
+        starts from the prompt, accepts the node's path, and draws with the node's u."""
+        start = time.perf_counter()
+        chain = SamplerChain.from_params(params, self.model.config.vocab_size, self.prompt_ids,
+                                         forward.logits.device, uniforms=self.uniforms)
+        for token in self.path(node.id):
+            chain.accept(token)
+        if not chain.greedy and node.draw is None:
+            node.draw = self.uniforms.next()
+        stages: list[StageRecord] = []
+        token, final, u = chain.sample(forward.logits, stages, None if chain.greedy else node.draw)
+        return Sampled(token, final, u, stages, time.perf_counter() - start)
+
+    def step(self, params: SamplingParams, node_id: int | None = None, token_id: int | None = None,
+             top_n: int = 10, use_cache: bool = True) -> dict:
+        """One token from node_id (default: the current node): sampled with params, or token_id
+        when given (continue with an alternative). The new node becomes current."""
+        node = self.node(self.current if node_id is None else node_id)
+        forward = self.forward(node.id, use_cache)
+        sampled = self._sample(params, node, forward)
+        child = self.child(node.id, sampled.token_id if token_id is None else token_id)
+        self.current = child.id
+        return {
+            "node": node.id, "child": child.id, "step": self._step(node, child.token_id, forward, sampled, top_n),
+            **self._table(forward, sampled, top_n),
+            "attention": [[[round(float(w), 4) for w in head] for head in layer] for layer in forward.attention],
+            "timing": {"tokens": forward.tokens, "seconds": forward.seconds, "prefill": forward.prefill,
+                       "cached": forward.cached},
+            "stop": {"ids": self.stop_ids, "p": lesson.stop_probability(self.model, forward.logits, self.stop_ids),
+                     "reason": self.finish_reason(child)},
+            "cache": self.cache_facts(), "context": {"used": len(self.prompt_ids) + child.depth,
+                                                     "limit": self.cache.max_len},
+        }
+
+    def finish_reason(self, node: Node) -> str | None:
+        """Why a generation that reached node would end there: "stop" (a stop token), "length" (the
+        context window is full), or None (it goes on)."""
+        if node.token_id in self.stop_ids:
+            return "stop"
+        return "length" if len(self.prompt_ids) + node.depth >= self.cache.max_len - 1 else None
+
+    def cache_facts(self) -> dict:
+        """The KV cache now: tokens held, bytes they take, capacity in tokens, storage dtype."""
+        per_token = lesson.kv_cache_bytes_per_token(self.model, self.cache.k.dtype)
+        return {"tokens": len(self.cached), "bytes": len(self.cached) * per_token, "bytes_per_token": per_token,
+                "capacity": self.cache.max_len, "dtype": str(self.cache.k.dtype).removeprefix("torch.")}
+
+    def redraw(self, params: SamplingParams, node_id: int, top_n: int = 10) -> dict:
+        """Other dials on node_id's cached logits (no new node, usually no model call): the Step a
+        step from there would make now (the token the node's u picks, what each stage kept and
+        cut), and the model's top tokens with their probabilities after the chain."""
+        node = self.node(node_id)
+        forward = self.forward(node.id)
+        sampled = self._sample(params, node, forward)
+        return {"node": node.id, "step": self._step(node, sampled.token_id, forward, sampled, top_n),
+                **self._table(forward, sampled, top_n)}
+
+    def _step(self, node: Node, token_id: int, forward: Forward, sampled: Sampled, top_n: int) -> Step:
+        return build_step(self.tokenizer, token_id, forward.logits, sampled.final, sampled.draw, index=node.depth,
+                          elapsed=forward.seconds + sampled.seconds, prefill=forward.prefill,
+                          stages=sampled.stages, top_n=top_n)
+
+    def _table(self, forward: Forward, sampled: Sampled, n: int) -> dict:
+        """rows: the model's n most likely tokens, raw logit and probability before (p) and after
+        (q) the chain; rest: everything else — the tokens outside the top n and the probability
+        they share, before and after the chain, and how many tokens the chain left a chance."""
+        p, q = forward.logits.softmax(-1), sampled.final.softmax(-1)
+        top = torch.topk(p, min(n, p.shape[-1])).indices
+        rows = [{"id": i, "text": self._text(i), "logit": float(forward.logits[i]), "p": float(p[i]), "q": float(q[i])}
+                for i in top.tolist()]
+        rest = {"tokens": p.shape[-1] - len(top), "p": max(0.0, 1 - float(p[top].sum())),
+                "q": max(0.0, 1 - float(q[top].sum())), "kept": int((q > 0).sum())}
+        return {"rows": rows, "rest": rest}
+
+    def _text(self, token_id: int) -> str:
+        return self.tokenizer.pieces([token_id])[0].text
+
+    def goto(self, node_id: int) -> None:
+        """Make node_id current: the next step continues from there."""
+        self.current = self.node(node_id).id
+
+    def tree(self) -> list[dict]:
+        return [{"id": n.id, "parent": n.parent, "token_id": n.token_id, "depth": n.depth,
+                 "text": self._text(n.token_id) if n.token_id is not None else "",
+                 "children": list(n.children)} for n in self.nodes.values()]
+
+    def text(self, node_id: int) -> str:
+        return self.tokenizer.decode(self.path(node_id), skip_special=True)

@@ -1,0 +1,208 @@
+"""Routes of the explainer page: the static page at /, and a small session API under /explain.
+
+GET /explain/parameters            -> each dial's range, default and meaning; the default order
+POST /explain/sessions             {prompt, model?, seed?}  -> prompt tokens, model facts, session id
+POST /explain/sessions/{id}/step   {dials, node?, token_id?, top_n?}
+                                   -> the Step record, rows, attention, timing, the tree
+POST /explain/sessions/{id}/redraw {dials, node, top_n?}
+                                   -> the Step the same u gives under these dials, rows (no new node)
+POST /explain/sessions/{id}/goto   {node}  -> makes a node of the tree current
+DELETE /explain/sessions/{id}
+
+dials: temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty
+and order, with the ranges of nexttok.generation.parameters.PARAMETERS. rows: the model's top_n tokens with
+their probability before (p) and after (q) the sampler chain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+import anyio
+from fastapi import FastAPI
+from fastapi.responses import FileResponse
+from fastapi.staticfiles import StaticFiles
+from pydantic import Field
+
+from nexttok.generation.parameters import DIALS, PARAMETERS
+from nexttok.generation.sampling import DEFAULT_ORDER, STAGE_NAMES, SamplingParams
+from nexttok.lesson import sections as lesson
+from nexttok.lesson.session import ExplainSession
+from nexttok.server.engine import ServedModel
+from nexttok.server.errors import APIError
+from nexttok.server.lesson.sections import install_lesson
+from nexttok.server.schemas import Strict, bounded
+
+STATIC = Path(__file__).parent / "static"
+MAX_SESSIONS = 8
+MAX_CONTEXT = 4096
+
+ServedFor = Callable[[str | None], ServedModel]  # a model name (None: the only one) -> the model
+
+
+@dataclasses.dataclass
+class ModelState:
+    """What the explainer keeps per served model."""
+
+    lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)  # sessions run one at a time
+    vocab_texts: list[str] | None = None  # display text of every id, for the page
+
+
+@dataclasses.dataclass
+class OpenSession:
+    """An explainer session and the served model it runs on."""
+
+    served: ServedModel
+    session: ExplainSession
+
+
+class SessionRequest(Strict):
+    prompt: str
+    model: str | None = None
+    seed: int | None = bounded("seed")
+    context: int | None = Field(None, ge=2, le=MAX_CONTEXT, description="the session's context window in tokens "
+                                "(default: the model's, at most 1024); small ones show a window filling up")
+
+
+class GotoRequest(Strict):
+    node: int
+
+
+class Dials(Strict):
+    """The sampler settings of the page's dials (defaults: the library's neutral values)."""
+
+    temperature: float = bounded("temperature", PARAMETERS["temperature"].default)
+    top_k: int = bounded("top_k", PARAMETERS["top_k"].default)
+    top_p: float = bounded("top_p", PARAMETERS["top_p"].default)
+    min_p: float = bounded("min_p", PARAMETERS["min_p"].default)
+    repetition_penalty: float = bounded("repetition_penalty", PARAMETERS["repetition_penalty"].default)
+    presence_penalty: float = bounded("presence_penalty", PARAMETERS["presence_penalty"].default)
+    frequency_penalty: float = bounded("frequency_penalty", PARAMETERS["frequency_penalty"].default)
+    order: Annotated[list[str], Field(max_length=len(STAGE_NAMES))] = list(DEFAULT_ORDER)
+    top_n: int = Field(10, ge=1, le=50)
+
+    def params(self) -> SamplingParams:
+        return SamplingParams(**{name: getattr(self, name) for name in DIALS}, order=self.order)
+
+
+class StepRequest(Dials):
+    node: int | None = Field(None, ge=0)
+    token_id: int | None = Field(None, ge=0)
+    use_cache: bool = Field(True, description="false: run the whole sequence through the model again")
+
+
+class RedrawRequest(Dials):
+    node: int = Field(ge=0)
+
+
+class Explainer:
+    """The explainer's state: open sessions (past MAX_SESSIONS the oldest goes) and, per served
+    model, a ModelState."""
+
+    def __init__(self, served_for: ServedFor):
+        self.served_for = served_for  # name -> ServedModel, as the OpenAI routes resolve it
+        self.sessions: OrderedDict[str, OpenSession] = OrderedDict()
+        self.models: dict[str, ModelState] = {}
+
+    def state(self, served: ServedModel) -> ModelState:
+        return self.models.setdefault(served.name, ModelState())
+
+    def add(self, served: ServedModel, session: ExplainSession) -> str:
+        key = uuid.uuid4().hex
+        self.sessions[key] = OpenSession(served, session)
+        while len(self.sessions) > MAX_SESSIONS:
+            self.sessions.popitem(last=False)
+        return key
+
+    def session(self, key: str) -> OpenSession:
+        if key not in self.sessions:
+            raise APIError(404, f"no explainer session {key!r} (it may have expired)", param="session",
+                           code="session_not_found")
+        self.sessions.move_to_end(key)
+        return self.sessions[key]
+
+
+def install_explainer(app: FastAPI, served_for: ServedFor) -> None:
+    """Add the page and its API; served_for(name) resolves a model as the OpenAI routes do."""
+    explainer = Explainer(served_for)
+    app.state.explainer = explainer
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    @app.get("/", include_in_schema=False)
+    async def page():
+        return FileResponse(STATIC / "index.html")
+
+    @app.get("/explain/parameters")
+    async def parameters():
+        return {"dials": {name: PARAMETERS[name].as_json() for name in DIALS}, "order": list(DEFAULT_ORDER)}
+
+    @app.post("/explain/sessions")
+    async def start(body: SessionRequest):
+        served = explainer.served_for(body.model)
+        async with explainer.state(served).lock:
+            session = await anyio.to_thread.run_sync(
+                lambda: ExplainSession(served.model, served.tokenizer, body.prompt, seed=body.seed,
+                                       max_len=body.context or 1024))
+        key = explainer.add(served, session)
+        config = served.model.config
+        facts = {"name": served.name, "layers": config.num_hidden_layers, "heads": config.num_attention_heads,
+                 "vocab_size": config.vocab_size, "context": session.cache.max_len}
+        return {"session": key, "vocab": _vocab(served, explainer.state(served)), "model": facts,
+                "prompt": _chips(served.tokenizer, session.prompt_ids), "tree": session.tree()}
+
+    @app.delete("/explain/sessions/{key}")
+    async def stop(key: str):
+        explainer.session(key)
+        del explainer.sessions[key]
+        return {"deleted": key}
+
+    _install_step_routes(app, explainer)
+    install_lesson(app, explainer)
+
+
+def _install_step_routes(app: FastAPI, explainer: Explainer) -> None:
+    @app.post("/explain/sessions/{key}/step")
+    async def step(key: str, body: StepRequest):
+        opened = explainer.session(key)
+        session, params = opened.session, body.params()
+        async with explainer.state(opened.served).lock:
+            view = await anyio.to_thread.run_sync(
+                lambda: session.step(params, body.node, body.token_id, body.top_n, body.use_cache))
+        view["step"] = dataclasses.asdict(view["step"])
+        path = session.path(view["child"])
+        return {**view, "tree": session.tree(), "current": session.current,
+                "generated": _chips(opened.served.tokenizer, path), "text": session.text(view["child"])}
+
+    @app.post("/explain/sessions/{key}/redraw")
+    async def redraw(key: str, body: RedrawRequest):
+        opened = explainer.session(key)
+        session, params = opened.session, body.params()
+        async with explainer.state(opened.served).lock:
+            view = await anyio.to_thread.run_sync(lambda: session.redraw(params, body.node, body.top_n))
+        return {**view, "step": dataclasses.asdict(view["step"])}
+
+    @app.post("/explain/sessions/{key}/goto")
+    async def goto(key: str, body: GotoRequest):
+        opened = explainer.session(key)
+        session = opened.session
+        session.goto(body.node)
+        return {"tree": session.tree(), "current": session.current, "text": session.text(session.current),
+                "generated": _chips(opened.served.tokenizer, session.path(session.current))}
+
+
+def _vocab(served: ServedModel, state: ModelState) -> list[str]:
+    """Display text of every id the model can produce (computed once per model)."""
+    if state.vocab_texts is None:
+        size = served.model.config.vocab_size
+        state.vocab_texts = [lesson.token_text(served.tokenizer, i) for i in range(size)]
+    return state.vocab_texts
+
+
+def _chips(tokenizer, ids: list[int]) -> list[dict]:
+    return [{"id": p.id, "text": p.text, "bytes": p.bytes.hex(" ")} for p in tokenizer.pieces(ids)]

@@ -1,0 +1,228 @@
+"""The lesson's routes: the explainer page's sections beyond one step, each a JSON view.
+
+On a session (the path to a node of its tree; node defaults to the current one):
+POST /explain/sessions/{id}/lens              {node?, position?, top_n?}  -> each layer's top tokens
+POST /explain/sessions/{id}/attention         {node?, layer, head?}  -> the T x T weights (head null: mean)
+POST /explain/sessions/{id}/attention/detail  {node?, layer, head, query}  -> q, k, scores, softmax, v, output
+On a model:
+POST /explain/tokens       {text, price_input?, price_output?, output_tokens?} -> pieces, count, cost
+POST /explain/embeddings   {word, k?}  -> the word's vector and its nearest neighbours by cosine
+POST /explain/embeddings/map  {words}  -> a 2-D PCA map of the words and their pairwise cosines
+POST /explain/positions    {count?, distance?}  -> learned position similarity or RoPE angles and decay
+POST /explain/experiments/repeat  {prompt, max_tokens?, seed?}  -> 2 runs at temperature 0, 2 at 1
+POST /explain/experiments/length  {prompt, lengths?, price_input?, price_output?}  -> time and cost per length
+
+The session views share one capture forward per node (ExplainSession.inspect), made only when
+asked. Numbers are rounded to 5 significant digits for the page.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import anyio
+import torch
+from fastapi import FastAPI
+from pydantic import Field
+
+from nexttok.generation.loop import generate
+from nexttok.generation.sampling import SamplingParams
+from nexttok.lesson import sections as lesson
+from nexttok.server.schemas import Strict
+
+Price = Annotated[float, Field(ge=0, le=1000, description="US dollars per million tokens")]
+Word = Annotated[str, Field(min_length=1, max_length=64)]
+
+
+class ModelRequest(Strict):
+    model: str | None = None
+
+
+class NodeRequest(Strict):
+    node: int | None = Field(None, ge=0, description="a node of the session's tree (default: the current one)")
+
+
+class LensRequest(NodeRequest):
+    position: int = Field(-1, ge=-lesson.INSPECT_MAX, lt=lesson.INSPECT_MAX)
+    top_n: int = Field(5, ge=1, le=20)
+
+
+class AttentionRequest(NodeRequest):
+    layer: int = Field(ge=0)
+    head: int | None = Field(None, ge=0, description="null: the mean over the layer's heads")
+
+
+class DetailRequest(NodeRequest):
+    layer: int = Field(ge=0)
+    head: int = Field(ge=0)
+    query: int = Field(-1, ge=-lesson.INSPECT_MAX, lt=lesson.INSPECT_MAX)
+
+
+class TokensRequest(ModelRequest):
+    text: str = Field(max_length=100_000)
+    price_input: Price = 0.15
+    price_output: Price = 0.60
+    output_tokens: int = Field(0, ge=0, le=10_000_000)
+
+
+class EmbeddingRequest(ModelRequest):
+    word: Word
+    k: int = Field(10, ge=1, le=50)
+
+
+class MapRequest(ModelRequest):
+    words: Annotated[list[Word], Field(min_length=3, max_length=40)]
+
+
+class PositionsRequest(ModelRequest):
+    count: int = Field(64, ge=2, le=256)
+    distance: int = Field(256, ge=1, le=4096)
+
+
+class RepeatRequest(ModelRequest):
+    prompt: str = Field(min_length=1, max_length=10_000)
+    max_tokens: int = Field(24, ge=1, le=128)
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+
+
+class LengthRequest(ModelRequest):
+    prompt: str = Field(min_length=1, max_length=10_000)
+    lengths: Annotated[list[Annotated[int, Field(ge=1, le=1000)]], Field(min_length=1, max_length=4)] = [50, 500]
+    price_input: Price = 0.15
+    price_output: Price = 0.60
+
+
+def round5(x):
+    """Floats to 5 significant digits, through lists, tuples, dicts and tensors: round5(1/3) == 0.33333"""
+    if isinstance(x, torch.Tensor):
+        x = x.tolist()
+    if isinstance(x, float):
+        return float(f"{x:.5g}")
+    if isinstance(x, (list, tuple)):
+        return [round5(v) for v in x]
+    if isinstance(x, dict):
+        return {k: round5(v) for k, v in x.items()}
+    return x
+
+
+def install_lesson(app: FastAPI, explainer) -> None:
+    """Add the lesson's routes to an app that has the explainer (server/explainer.py)."""
+    _install_session_views(app, explainer)
+    _install_model_views(app, explainer)
+    _install_experiments(app, explainer)
+
+
+def _install_session_views(app: FastAPI, explainer) -> None:
+    async def inspected(key: str, node: int | None):
+        opened = explainer.session(key)
+        session = opened.session
+        node_id = session.node(session.current if node is None else node).id
+        async with explainer.state(opened.served).lock:
+            inspection = await anyio.to_thread.run_sync(lambda: session.inspect(node_id))
+        return opened, node_id, inspection
+
+    @app.post("/explain/sessions/{key}/lens")
+    async def lens_view(key: str, body: LensRequest):
+        opened, node_id, inspection = await inspected(key, body.node)
+        served = opened.served
+        view = lesson.lens(served.model, served.tokenizer, inspection, body.position, body.top_n)
+        return round5({"node": node_id, **view, "tokens": _texts(served.tokenizer, inspection.ids)})
+
+    @app.post("/explain/sessions/{key}/attention")
+    async def attention_view(key: str, body: AttentionRequest):
+        opened, node_id, inspection = await inspected(key, body.node)
+        matrix = lesson.attention_matrix(inspection, body.layer, body.head)
+        layers, heads = inspection.weights.shape[:2]
+        return round5({"node": node_id, "layer": body.layer, "head": body.head, "layers": layers, "heads": heads,
+                       "tokens": _texts(opened.served.tokenizer, inspection.ids), "weights": matrix})
+
+    @app.post("/explain/sessions/{key}/attention/detail")
+    async def attention_detail(key: str, body: DetailRequest):
+        opened, node_id, inspection = await inspected(key, body.node)
+        detail = lesson.attention_detail(inspection, body.layer, body.head, body.query)
+        return round5({"node": node_id, **detail, "tokens": _texts(opened.served.tokenizer, inspection.ids)})
+
+
+def _install_model_views(app: FastAPI, explainer) -> None:
+    @app.post("/explain/tokens")
+    async def tokens(body: TokensRequest):
+        tokenizer = explainer.served_for(body.model).tokenizer
+        pieces = [{"id": p.id, "text": p.text, "bytes": p.bytes.hex(" ")}
+                  for p in tokenizer.pieces(tokenizer.encode(body.text, allow_special=False))]
+        count = len(pieces)
+        cost_in, cost_out = lesson.cost(count, body.price_input), lesson.cost(body.output_tokens, body.price_output)
+        return {"pieces": pieces, "tokens": count, "characters": len(body.text), "words": len(body.text.split()),
+                "input_cost": cost_in, "output_cost": cost_out, "cost": cost_in + cost_out,
+                "price_input": body.price_input, "price_output": body.price_output,
+                "output_tokens": body.output_tokens}
+
+    @app.post("/explain/embeddings")
+    async def embeddings(body: EmbeddingRequest):
+        served = explainer.served_for(body.model)
+        model, tokenizer = served.model, served.tokenizer
+        ids, vector = lesson.word_vector(model, tokenizer, body.word)
+        found = await anyio.to_thread.run_sync(lambda: lesson.neighbors(model, vector, body.k, exclude=ids))
+        return round5({"word": body.word, "pieces": _texts(tokenizer, ids), "dimensions": vector.shape[-1],
+                       "norm": float(vector.norm()), "vector": vector[:16],
+                       "neighbors": [{"id": i, "text": lesson.token_text(tokenizer, i), "cosine": c}
+                                     for i, c in found]})
+
+    @app.post("/explain/embeddings/map")
+    async def embedding_map(body: MapRequest):
+        served = explainer.served_for(body.model)
+        vectors = torch.stack([lesson.word_vector(served.model, served.tokenizer, w)[1] for w in body.words])
+        coords, share = lesson.pca_map(vectors)
+        return round5({"words": body.words, "points": coords, "explained": share,
+                       "cosine": lesson.cosine_matrix(vectors)})
+
+    @app.post("/explain/positions")
+    async def positions(body: PositionsRequest):
+        served = explainer.served_for(body.model)
+        return round5(lesson.positions(served.model, body.count, body.distance))
+
+
+def _install_experiments(app: FastAPI, explainer) -> None:
+    @app.post("/explain/experiments/repeat")
+    async def repeat(body: RepeatRequest):
+        served = explainer.served_for(body.model)
+        settings = [(0.0, None), (0.0, None), (1.0, body.seed + 1), (1.0, body.seed + 2)]
+
+        def run():
+            return [generate(served.model, served.tokenizer, body.prompt, SamplingParams(temperature=t, seed=s),
+                             max_tokens=body.max_tokens) for t, s in settings]
+
+        async with explainer.state(served).lock:
+            done = await anyio.to_thread.run_sync(run)
+        runs = [{"temperature": t, "seed": s, "text": c.text, "finish_reason": c.finish_reason,
+                 "tokens": _texts(served.tokenizer, c.token_ids)} for (t, s), c in zip(settings, done, strict=True)]
+        return {"runs": runs, "divergence": {
+            "temperature_0": lesson.first_divergence(done[0].token_ids, done[1].token_ids),
+            "temperature_1": lesson.first_divergence(done[2].token_ids, done[3].token_ids)}}
+
+    @app.post("/explain/experiments/length")
+    async def length(body: LengthRequest):
+        served = explainer.served_for(body.model)
+
+        def run():  # stop tokens off: each run makes exactly its number of tokens
+            return [generate(served.model, served.tokenizer, body.prompt, SamplingParams(temperature=0),
+                             max_tokens=n, stop_token_ids=[]) for n in body.lengths]
+
+        async with explainer.state(served).lock:
+            done = await anyio.to_thread.run_sync(run)
+        return round5({"price_input": body.price_input, "price_output": body.price_output,
+                       "runs": [_length_run(c, body) for c in done]})
+
+
+def _length_run(completion, body: LengthRequest) -> dict:
+    steps = [s.elapsed for s in completion.steps]
+    decode = steps[1:] or steps
+    cost_in = lesson.cost(completion.prompt_tokens, body.price_input)
+    cost_out = lesson.cost(completion.completion_tokens, body.price_output)
+    return {"prompt_tokens": completion.prompt_tokens, "tokens": completion.completion_tokens,
+            "seconds": completion.elapsed, "first_token_seconds": steps[0],
+            "seconds_per_token": sum(decode) / len(decode), "step_seconds": steps,
+            "input_cost": cost_in, "output_cost": cost_out, "cost": cost_in + cost_out}
+
+
+def _texts(tokenizer, ids: list[int]) -> list[dict]:
+    return [{"id": i, "text": lesson.token_text(tokenizer, i)} for i in ids]
