@@ -106,8 +106,8 @@ def chunk_cost(model_name: str, repeats: int) -> None:
     import torch
 
     from nexttok.checkpoints.loading import load_checkpoint
+    from nexttok.generation.prefill import prefill_chunks
     from nexttok.models.cache import SlotCache
-    from nexttok.server.prefix_cache import prefill_chunks
 
     model = load_checkpoint(model_name).model
     cache = SlotCache.for_model(model.config, slots=1, max_len=1025, dtype=next(model.parameters()).dtype)

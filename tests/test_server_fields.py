@@ -274,3 +274,25 @@ def test_a_reply_cut_inside_a_call_is_length_and_never_its_json(client, stream):
         finish, text, calls = [choice.finish_reason], choice.message.content or "", choice.message.tool_calls
     assert finish == ["length"] and not calls
     assert "tool_calls" not in text and "{" not in text
+
+
+def test_the_library_and_the_server_prefill_a_long_prompt_the_same_way():
+    """One chunked prefill for both paths: past one chunk (128 tokens) the first token's logits are
+    the same bits on the default model (its block kernels round 8-bit activations where they fall,
+    so a prompt run in one call instead would differ by tenths of a logit)."""
+    from nexttok.checkpoints.loading import load_checkpoint
+    from nexttok.generation.loop import Generation, generate_step
+    from nexttok.models.cache import SlotCache
+    from nexttok.server.prefix_cache import prefill
+
+    checkpoint = load_checkpoint("default")
+    model, tokenizer = checkpoint.model, checkpoint.tokenizer
+    ids = tokenizer.encode(" ".join(f"word{i}" for i in range(150)))
+    assert len(ids) > 256
+    cache = SlotCache.for_model(model.config, slots=1, max_len=len(ids) + 8)
+    with torch.inference_mode():
+        served = prefill(model, cache, cache.claim(), ids, None)
+    generation = Generation(model.config, tokenizer, ids, SamplingParams(temperature=0), max_tokens=1, top_n=0)
+    step = next(generate_step(model, generation))
+    assert step.logprob == float(torch.log_softmax(served.float(), -1)[step.token_id])
+    assert step.token_id == int(served.argmax())

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from nexttok.errors import InvalidParameter
+from nexttok.generation.prefill import prefill
 from nexttok.generation.sampling import SamplerChain, SamplingParams, StageRecord, check_token_ids
 from nexttok.generation.scoring import Alternative, PromptScores
 from nexttok.models import Model
@@ -131,25 +132,36 @@ def generate_step(model: Model, generation: Generation, *, use_cache: bool = Tru
     context = list(generation.prompt_ids)
     cache = KVCache.for_model(model.config, max_len=generation.max_len, dtype=parameter.dtype,
                               device=device) if use_cache else None
-    pending = torch.tensor([context], device=device)
-    prefill = True
+    first = True
     while True:
         start = time.perf_counter()
         with torch.inference_mode():
-            inputs = pending if use_cache else torch.tensor([context], device=device)
-            scores = generation.prompt_scores if prefill else None
-            logits = model(inputs, cache, last_only=scores is None)[0]  # (positions, vocab)
-            if scores is not None:
-                scores.add(0, logits)
-            if generation.max_tokens == 0:
+            logits = _forward(model, generation, context, cache, first)
+            if logits is None:  # max_tokens 0: the prompt is prefilled and scored, nothing more
                 return
-            step = generation.sample(logits[-1], time.perf_counter() - start, prefill)
+            step = generation.sample(logits, time.perf_counter() - start, first)
         yield step
         if step.finish_reason:
             return
-        prefill = False
+        first = False
         context.append(step.token_id)
-        pending = torch.tensor([[step.token_id]], device=device)
+
+
+def _forward(model: Model, generation: Generation, context: list[int], cache: KVCache | None,
+             first: bool) -> torch.Tensor | None:
+    """The next token's logits (vocab,): the prompt's chunked prefill on the first step (the
+    server's too), then the newest token through the cache, or without a cache the whole context."""
+    scores = generation.prompt_scores if first else None
+    if cache is None:
+        logits = model(torch.tensor([context], device=next(model.parameters()).device), None,
+                       last_only=scores is None)[0]
+        if scores is not None:
+            scores.add(0, logits)
+        return None if first and generation.max_tokens == 0 else logits[-1]
+    if first:
+        logits = prefill(model, cache, context, scores=scores)
+        return None if generation.max_tokens == 0 else logits
+    return model(torch.tensor([context[-1:]], device=next(model.parameters()).device), cache, last_only=True)[0, -1]
 
 
 class StopStrings:

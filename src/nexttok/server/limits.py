@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from nexttok.generation.prefill import BLOCK
 from nexttok.server.errors import error_response
-from nexttok.server.prefix_cache import BLOCK
 
 
 @dataclass

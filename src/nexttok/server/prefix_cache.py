@@ -10,7 +10,7 @@ specific to this engine:
    cut into forward calls, because each call's matmuls and attention pick their kernels by shape.
    Measured on SmolLM2-135M (a 1,000-token random prompt, one call vs calls of 64): keys differ by
    a few bfloat16 ulps, the last logits by 0.25, and the greedy pick changes with calls of 16. So every prompt is
-   prefilled in chunks cut at multiples of BLOCK (prefill_chunks), whether or not a prefix was
+   prefilled in chunks cut at multiples of BLOCK (generation/prefill.py), whether or not a prefix was
    reused. A whole block's keys and values then depend only on its tokens and the ones before it,
    and a reused block holds exactly what the prefill would have computed. A radix tree matches at
    any token, so it would reuse keys computed under another cut: the previous prompt's partial
@@ -24,7 +24,7 @@ specific to this engine:
 3. Cost. Matching whole blocks loses at most BLOCK - 1 tokens per hit. They are prefilled along
    with the answer and the new message, which have to be prefilled anyway. The fixed cut has a
    price of its own, paid with the cache on or off: a prompt longer than one block takes more
-   forward calls (10-13% more prefill time at BLOCK = 128, measured below).
+   forward calls (+9% prefill time at BLOCK = 128 on a 1,024-token prompt; generation/prefill.py).
 
 A block is keyed by (its parent block's id, its tokens). That is vLLM's hash chain, with the
 tokens themselves compared (dict equality), so a hash collision can never put the wrong keys in.
@@ -42,29 +42,16 @@ from dataclasses import dataclass
 
 import torch
 
+from nexttok.generation.prefill import BLOCK
+from nexttok.generation.prefill import prefill as chunked_prefill
 from nexttok.generation.scoring import PromptScores
 from nexttok.models import Model
 from nexttok.models.cache import SlotCache
 from nexttok.server.metrics import Metrics
 
-# Tokens per block, which is also the prefill chunk. Smaller blocks reuse more of a prompt (on
-# average BLOCK / 2 tokens fewer) but cut every longer prompt into more forward calls, each with a
-# fixed cost (about 40 ms on SmolLM2-135M here: a forward pass is hundreds of small ops). Medians
-# from `bench/prefix_cache.py --chunk-cost` on SmolLM2-135M, 2 cores: a 1,024-token prefill takes
-# 2.37 s in one call, 3.02 s cut at 64, 2.67 s at 128 and 2.55 s at 256. A 620-token turn 6 after
-# a 500-token turn 5 takes 1.42 s in one call, and with its reused blocks 0.52 s at 64, 0.64 s at
-# 128 and 0.92 s at 256. At 128 a prompt that fits in one block (a first turn, mostly) runs in one
-# call exactly as before, and a longer one costs 10-13% more than in one call (20-27% at 64).
-BLOCK = 128
+# Tokens per block: the prefill's chunk (generation/prefill.py says what it costs), so a block
+# the cache hands over holds the very bits the prefill would have computed.
 ROOT = -1  # the parent id of a prompt's first block
-
-
-def prefill_chunks(start: int, end: int, block: int = BLOCK) -> list[tuple[int, int]]:
-    """The forward calls that prefill positions start..end-1, cut at multiples of block, so a prompt
-    is cut the same way whether it starts at 0 or after a reused prefix.
-    prefill_chunks(64, 150, 64) -> [(64, 128), (128, 150)]"""
-    cuts = [start, *range((start // block + 1) * block, end, block), end]
-    return list(itertools.pairwise(cuts))
 
 
 def prefill(model: Model, cache: SlotCache, slot: int, ids: list[int], prefix: PrefixCache | None,
@@ -76,14 +63,10 @@ def prefill(model: Model, cache: SlotCache, slot: int, ids: list[int], prefix: P
     hold keys and values, not logits); the blocks are still given to it."""
     assert prefix is None or prefix.block == block, "the prefix cache's blocks are the prefill's chunks"
     start = prefix.load(ids, cache, slot) if prefix is not None and scores is None else 0
-    device = cache.store.k.device
-    for a, b in prefill_chunks(start, len(ids), block):
-        logits = model(torch.tensor([ids[a:b]], device=device), cache.row(slot), last_only=scores is None)[0]
-        if scores is not None:
-            scores.add(a, logits)
+    logits = chunked_prefill(model, cache.row(slot), ids, start, scores, block)
     if prefix is not None:
         prefix.store(ids, cache, slot)
-    return logits[-1]
+    return logits
 
 
 @dataclass(eq=False)

@@ -10,7 +10,7 @@ Requests talk to the worker through an asyncio queue each; the worker hands resu
 loop.call_soon_threadsafe. The waiting line is bounded: when it is full, submit() refuses at once
 (HTTP 429 with Retry-After).
 
-A prompt is prefilled in chunks cut at fixed multiples of prefix_cache.BLOCK. With the prefix cache
+A prompt is prefilled in chunks cut at fixed multiples of generation/prefill.BLOCK. With the prefix cache
 on, its whole blocks that an earlier prompt already computed are copied in instead of prefilled;
 the fixed cut makes those the very bits it would have computed, so the cache changes no token.
 """
