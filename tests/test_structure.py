@@ -167,3 +167,20 @@ def test_no_module_imports_another_modules_private_name():
                 found += [f"{module_name(path)}: {node.module}.{a.name}" for a in node.names
                           if a.name.startswith("_") and f"{node.module}.{a.name}" not in known]
     assert found == []
+
+
+def test_every_architecture_provides_the_whole_model_protocol():
+    """What callers use is declared in models/protocol.py, and every architecture has all of it:
+    nothing needs a getattr or hasattr probe."""
+    import inspect
+
+    from nexttok.models import ARCHITECTURES
+    from nexttok.models.protocol import Model
+
+    declared = set(Model.__annotations__) | {name for name, _ in inspect.getmembers(Model, inspect.isfunction)
+                                             if not name.startswith("_")}
+    instance_only = {"config", "compiled"}  # set in __init__
+    assert {"tie_weights", "init_buffers", "CHECKPOINT_PREFIX", "PARALLEL_VOCAB", "position_table"} <= declared
+    for kind, cls in ARCHITECTURES.items():
+        missing = sorted(name for name in declared - instance_only if not hasattr(cls, name))
+        assert missing == [], f"{kind} ({cls.__name__}) lacks {missing}"

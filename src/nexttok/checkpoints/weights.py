@@ -136,7 +136,7 @@ def assign_weights(model: torch.nn.Module, files: list[Path]) -> None:
     """Copy every parameter from the checkpoint, checking names, shapes and dtypes."""
     index = _TensorIndex(files)
     used = set()
-    tied = getattr(model.config, "tie_word_embeddings", False)
+    tied = model.config.tie_word_embeddings
     for name, param in model.state_dict(keep_vars=True).items():
         if tied and name == "lm_head.weight":
             continue  # shares the embedding's tensor

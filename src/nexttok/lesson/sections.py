@@ -171,7 +171,7 @@ def positions(model: Model, count: int, distance: int) -> dict:
     config = model.config
     if model.POSITIONS == "learned":
         count = min(count, config.max_position_embeddings)
-        return {"kind": "learned", "similarity": cosine_matrix(model.wpe.weight[:count].detach())}
+        return {"kind": "learned", "similarity": cosine_matrix(model.position_table()[:count].detach())}
     frequencies = model.inverse_frequencies().double()  # (rotated dims / 2,) radians per position
     steps = torch.arange(count, dtype=torch.float64)
     angles = torch.remainder(steps[:, None] * frequencies[None], 2 * math.pi)  # (count, hd/2)

@@ -144,6 +144,10 @@ class Gemma3(nn.Module):
         if not self.norm.weight.is_meta:  # on the meta device the loader calls it once weights are in
             self.init_buffers()
 
+    def position_table(self) -> torch.Tensor | None:
+        """None: positions enter as rotations of q and k (RoPE), not as a table."""
+        return None
+
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight

@@ -95,6 +95,14 @@ class GPT2(nn.Module):
         self.tie_weights()
         self.compiled: CompiledDecode | None = None  # compiled.compile_decode turns it on
 
+    def inverse_frequencies(self) -> torch.Tensor | None:
+        """None: GPT-2's positions are a learned table (position_table), not rotations."""
+        return None
+
+    def position_table(self) -> torch.Tensor | None:
+        """The learned position vectors (max_positions, hidden), added to the embeddings."""
+        return self.wpe.weight
+
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.wte.weight

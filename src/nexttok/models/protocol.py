@@ -21,15 +21,36 @@ class Model(Protocol):
     position only (B, 1, vocab); capture: records attention for a viewer. Returns (B, T, vocab)."""
 
     config: ModelConfig
-    POSITIONS: str  # how positions enter: "learned" (a table of vectors, .wpe) or "rope" (rotation of q, k)
+    POSITIONS: str  # how positions enter: "learned" (a table of vectors, position_table) or "rope" (rotation of q, k)
     compiled: CompiledDecode | None  # decode steps through torch.compile (compiled.compile_decode)
+    # checkpoint names (checkpoints/weights.py): a tensor is CHECKPOINT_PREFIX + our name, except
+    # names starting with one of UNPREFIXED; names ending with one of TRANSPOSED are stored (in, out)
+    CHECKPOINT_PREFIX: str
+    UNPREFIXED: tuple[str, ...]
+    TRANSPOSED: tuple[str, ...]
+    # tensor parallelism (parallel/layers.py): the (embedding, lm_head) attributes whose vocabulary
+    # rows are split over ranks; attention and MLP modules name their own (PARALLEL_HEADS / _INNER)
+    PARALLEL_VOCAB: tuple[str, str]
+
+    def tie_weights(self) -> None:
+        """Share the embedding matrix with lm_head where the config ties them (again after the
+        model leaves the meta device, which unties shared parameters)."""
+        ...
+
+    def init_buffers(self) -> None:
+        """Compute the buffers no checkpoint holds (RoPE tables), once the weights are in."""
+        ...
+
+    def position_table(self) -> torch.Tensor | None:
+        """Learned positions: the (max_positions, hidden) table added to the embeddings; None for RoPE."""
+        ...
 
     def __call__(self, ids: torch.Tensor, cache: Cache | None = None, positions: torch.Tensor | None = None,
                  *, capture: AttentionCapture | None = None, last_only: bool = False) -> torch.Tensor: ...
 
-    def inverse_frequencies(self) -> torch.Tensor:
+    def inverse_frequencies(self) -> torch.Tensor | None:
         """RoPE models: each rotated pair's angle per position (radians), as the model uses it
-        (the global layers' where local layers have their own)."""
+        (the global layers' where local layers have their own); None for learned positions."""
         ...
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:

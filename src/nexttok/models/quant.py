@@ -232,7 +232,7 @@ def quantized_linear(weight: torch.Tensor, bias: torch.Tensor | None, bits: int)
 def quantize_linears(model: nn.Module, bits: int) -> nn.Module:
     """Replace every nn.Linear of a loaded model by a quantized one (a tied lm_head stays the
     embedding's float tensor: the lookup needs it anyway), the rest in bfloat16. In place."""
-    tied = getattr(model.config, "tie_word_embeddings", False)
+    tied = model.config.tie_word_embeddings
     for name, module in list(model.named_modules()):
         if not isinstance(module, nn.Linear) or (tied and name == "lm_head"):
             continue

@@ -164,9 +164,7 @@ class VocabHead(nn.Module):
 
 def shard_model(model: nn.Module, rank: int, world: int, group) -> nn.Module:
     """Keep this rank's share of every attention, MLP and vocabulary layer (in place)."""
-    vocab = getattr(model, "PARALLEL_VOCAB", None)
-    if vocab is None:
-        raise ValueError(f"tensor parallelism does not support the {model.config.model_type} architecture")
+    vocab = model.PARALLEL_VOCAB
     if model.compiled is not None:
         raise ValueError("--compile and --tensor-parallel do not combine (the compiled step has no collectives)")
     unit = max([GROUP if isinstance(m, Int4Linear) else 1 for m in model.modules()] +
