@@ -112,6 +112,13 @@ def install_lesson(app: FastAPI, explainer) -> None:
     _install_experiments(app, explainer)
 
 
+async def _off_loop(explainer, served, compute):
+    """compute() in a worker thread under the model's lock: torch work never blocks the event loop,
+    and never runs beside another explainer request on the same model."""
+    async with explainer.state(served).lock:
+        return await anyio.to_thread.run_sync(compute)
+
+
 def _install_session_views(app: FastAPI, explainer) -> None:
     async def inspected(key: str, node: int | None):
         opened = explainer.session(key)
@@ -125,13 +132,15 @@ def _install_session_views(app: FastAPI, explainer) -> None:
     async def lens_view(key: str, body: LensRequest):
         opened, node_id, inspection = await inspected(key, body.node)
         served = opened.served
-        view = lesson.lens(served.model, served.tokenizer, inspection, body.position, body.top_n)
+        view = await _off_loop(explainer, served, lambda: lesson.lens(served.model, served.tokenizer, inspection,
+                                                                      body.position, body.top_n))
         return round5({"node": node_id, **view, "tokens": _texts(served.tokenizer, inspection.ids)})
 
     @app.post("/explain/sessions/{key}/attention")
     async def attention_view(key: str, body: AttentionRequest):
         opened, node_id, inspection = await inspected(key, body.node)
-        matrix = lesson.attention_matrix(inspection, body.layer, body.head)
+        matrix = await _off_loop(explainer, opened.served,
+                                 lambda: lesson.attention_matrix(inspection, body.layer, body.head))
         layers, heads = inspection.weights.shape[:2]
         return round5({"node": node_id, "layer": body.layer, "head": body.head, "layers": layers, "heads": heads,
                        "tokens": _texts(opened.served.tokenizer, inspection.ids), "weights": matrix})
@@ -139,7 +148,8 @@ def _install_session_views(app: FastAPI, explainer) -> None:
     @app.post("/explain/sessions/{key}/attention/detail")
     async def attention_detail(key: str, body: DetailRequest):
         opened, node_id, inspection = await inspected(key, body.node)
-        detail = lesson.attention_detail(inspection, body.layer, body.head, body.query)
+        detail = await _off_loop(explainer, opened.served,
+                                 lambda: lesson.attention_detail(inspection, body.layer, body.head, body.query))
         return round5({"node": node_id, **detail, "tokens": _texts(opened.served.tokenizer, inspection.ids)})
 
 
@@ -160,8 +170,8 @@ def _install_model_views(app: FastAPI, explainer) -> None:
     async def embeddings(body: EmbeddingRequest):
         served = explainer.served_for(body.model)
         model, tokenizer = served.model, served.tokenizer
-        ids, vector = lesson.word_vector(model, tokenizer, body.word)
-        found = await anyio.to_thread.run_sync(lambda: lesson.neighbors(model, vector, body.k, exclude=ids))
+        ids, vector = await _off_loop(explainer, served, lambda: lesson.word_vector(model, tokenizer, body.word))
+        found = await _off_loop(explainer, served, lambda: lesson.neighbors(model, vector, body.k, exclude=ids))
         return round5({"word": body.word, "pieces": _texts(tokenizer, ids), "dimensions": vector.shape[-1],
                        "norm": float(vector.norm()), "vector": vector[:16],
                        "neighbors": [{"id": i, "text": lesson.token_text(tokenizer, i), "cosine": c}
@@ -170,15 +180,17 @@ def _install_model_views(app: FastAPI, explainer) -> None:
     @app.post("/explain/embeddings/map")
     async def embedding_map(body: MapRequest):
         served = explainer.served_for(body.model)
-        vectors = torch.stack([lesson.word_vector(served.model, served.tokenizer, w)[1] for w in body.words])
-        coords, share = lesson.pca_map(vectors)
-        return round5({"words": body.words, "points": coords, "explained": share,
-                       "cosine": lesson.cosine_matrix(vectors)})
+        def compute():
+            vectors = torch.stack([lesson.word_vector(served.model, served.tokenizer, w)[1] for w in body.words])
+            return vectors, *lesson.pca_map(vectors), lesson.cosine_matrix(vectors)
+        vectors, coords, share, cosine = await _off_loop(explainer, served, compute)
+        return round5({"words": body.words, "points": coords, "explained": share, "cosine": cosine})
 
     @app.post("/explain/positions")
     async def positions(body: PositionsRequest):
         served = explainer.served_for(body.model)
-        return round5(lesson.positions(served.model, body.count, body.distance))
+        return round5(await _off_loop(explainer, served, lambda: lesson.positions(served.model, body.count,
+                                                                                 body.distance)))
 
 
 def _install_experiments(app: FastAPI, explainer) -> None:
