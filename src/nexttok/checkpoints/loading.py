@@ -16,6 +16,8 @@ need none of it.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +66,7 @@ def load_checkpoint(source: str | Path, *, dtype: str | None = None, device: str
         gguf, model = _from_gguf(path, dtype, device)
         tokenizer = tokenizer_from_json(gguf.tokenizer, f"{path.name} (tokenizer metadata)")
         template = ChatTemplate.from_config(gguf.tokenizer_config)
+        del gguf  # its parsed metadata (151k token strings for Qwen2.5) goes before the memory is given back
     else:
         model = _directory_model(path, dtype, device)
         tokenizer = from_directory(path)
@@ -79,7 +82,16 @@ def load_checkpoint(source: str | Path, *, dtype: str | None = None, device: str
             compile_decode(model)
         except CompileUnavailable as e:
             print(f"nexttok: --compile: {e}", file=sys.stderr)
+    give_back_freed_memory()
     return Checkpoint(model, tokenizer, template, path)
+
+
+def give_back_freed_memory() -> None:
+    """Hand the heap pages that loading freed (repack buffers, parsed metadata) back to the OS:
+    glibc keeps freed blocks for reuse otherwise, and a process's RSS stays at its loading peak
+    (17 MB on Qwen2.5-0.5B's GGUF). Nothing where the C library has no malloc_trim."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)
 
 
 def load_model(source: str | Path, *, dtype: str | torch.dtype | None = None, device: str | None = None) -> Model:
