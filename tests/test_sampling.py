@@ -283,12 +283,26 @@ def test_vocabulary_check_is_one_function():
         SamplerChain.from_params(SamplingParams(logit_bias={7: 1.0}), 4)
 
 
+def test_the_library_defaults_change_no_logit():
+    """SamplingParams() samples from the model's own distribution: each stage at its default is the
+    identity (checked by applying it, not by comparing the defaults with the table they come from),
+    and so the chain builds none of them."""
+    d = SamplingParams()
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(50, generator=gen) * 3
+    history = History.start(torch.randint(0, 50, (12,), generator=gen).tolist(), 50)
+    history.add(7)
+    for stage in (Penalties(d.repetition_penalty, d.presence_penalty, d.frequency_penalty), TopP(d.top_p),
+                  MinP(d.min_p), Temperature(d.temperature), LogitBias(d.logit_bias, 50)):
+        assert torch.equal(stage(logits, history), logits), stage.name
+    assert d.top_k == 0 and d.seed is None  # 0: no top-k cut; None: a fresh seed per generation
+    assert SamplerChain.from_params(d, 50).stages == []
+
+
 @pytest.mark.parametrize("name", ["temperature", "top_k", "top_p", "min_p", "repetition_penalty",
                                   "presence_penalty", "frequency_penalty", "seed"])
 def test_the_table_is_what_validate_enforces(name):
     bound = PARAMETERS[name]
-    if bound.default is not None:
-        assert getattr(SamplingParams(), name) == bound.default
     step = 1 if bound.integer else 1e-3
     edges = [(bound.low, not bound.low_open), (bound.low - step, False)]
     if bound.high != math.inf:

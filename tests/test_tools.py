@@ -49,7 +49,7 @@ def test_named_and_required_choices_always_call(client):
             _check_calls(choice_.message.tool_calls, allowed)
 
 
-def test_streamed_tool_call_and_the_tool_message_round_trip(client):
+def test_streamed_tool_call_and_the_tool_message_round_trip(client, tiny_live):
     chunks = list(client.chat.completions.create(
         model="tiny", messages=ASK, tools=[WEATHER], tool_choice="required", temperature=0.8, seed=1,
         max_tokens=200, stream=True))
@@ -65,7 +65,14 @@ def test_streamed_tool_call_and_the_tool_message_round_trip(client):
                     {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"celsius": 21})}]
     answer = client.chat.completions.create(model="tiny", messages=follow, tools=[WEATHER], temperature=0, seed=1,
                                             max_tokens=30)
-    assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    # the follow-up's prompt is the whole round trip: the tools' system prompt, the past call and
+    # the tool's result, rendered by the model's template (the same count as rendering it here)
+    served = tiny_live[1]
+    messages = with_tools([*ASK, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                           follow[-1]], parse_tools([WEATHER]), "auto")
+    prompt = served.chat_template.render(messages)
+    assert '{"celsius": 21}' in prompt and call.function.arguments.strip("{}") in prompt
+    assert answer.usage.prompt_tokens == len(served.tokenizer.encode(prompt))
 
 
 def test_auto_answers_with_text_or_a_call_and_none_is_free_text(client):
