@@ -205,16 +205,22 @@ def _schema_bounds(model_class, name: str) -> dict:
     return {keys[k]: v for k, v in field.items() if k in keys}
 
 
-@pytest.mark.parametrize("name", ["temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
-                                  "frequency_penalty", "top_k"])
-def test_request_bounds_come_from_the_sampling_table(name):
-    expected = PARAMETERS[name].limits()
+# The documented ranges, written out (OpenAI's for the penalties and top_p; llama.cpp / vLLM's for
+# the rest): the schemas must say exactly these, whatever table they are built from.
+DOCUMENTED = {"temperature": {"ge": 0.0}, "top_p": {"gt": 0.0, "le": 1.0}, "min_p": {"ge": 0.0, "le": 1.0},
+              "repetition_penalty": {"gt": 0.0, "le": 100.0}, "presence_penalty": {"ge": -2.0, "le": 2.0},
+              "frequency_penalty": {"ge": -2.0, "le": 2.0}, "top_k": {"ge": 0}}
+
+
+@pytest.mark.parametrize("name", list(DOCUMENTED))
+def test_request_bounds_are_the_documented_ranges(name):
+    expected = DOCUMENTED[name]
     for request in (StepRequest, RedrawRequest):
         assert _schema_bounds(request, name) == expected
     if name == "top_k":  # the OpenAI-style routes also take vLLM's -1 for off
         expected = {**expected, "ge": -1}
     assert _schema_bounds(SamplingFields, name) == expected
-    assert _schema_bounds(SamplingFields, "seed") == PARAMETERS["seed"].limits()
+    assert _schema_bounds(SamplingFields, "seed") == {"ge": 0, "lt": 2**63}
 
 
 @pytest.fixture(scope="module")
@@ -248,6 +254,12 @@ def test_routes_step_and_redraw(live):
     assert post(f"/explain/sessions/{key}/redraw", {"node": 999}).status_code == 400
 
 
-def test_explainer_state_is_not_the_served_models():
-    fields = {f.name for f in dataclasses.fields(ServedModel)}
-    assert not fields & {"lock", "vocab_texts"}
+def test_explainer_state_is_not_the_served_models(live):
+    """The explainer keeps its own per-model state (its lock): a ServedModel is shared with the
+    scheduler, and nothing the page does changes it."""
+    server, served = live
+    before = {f.name: getattr(served, f.name) for f in dataclasses.fields(ServedModel)}
+    key = httpx.post(server.url + "/explain/sessions", json={"prompt": "Hi", "seed": 1}, timeout=60).json()["session"]
+    assert httpx.post(f"{server.url}/explain/sessions/{key}/step", json={}, timeout=60).status_code == 200
+    after = {f.name: getattr(served, f.name) for f in dataclasses.fields(ServedModel)}
+    assert after.keys() == before.keys() and all(after[k] is before[k] for k in before)

@@ -93,10 +93,13 @@ def test_attention_detail_is_the_models_weights_by_hand(pair):
 
 
 def test_mean_attention_matrix_and_errors(pair):
-    model, _ = pair
+    model, hf = pair
     seen = lesson.inspect(model, IDS)
     mean = lesson.attention_matrix(seen, 1, None)
-    torch.testing.assert_close(mean, seen.weights[1].mean(0))
+    with torch.no_grad():  # the reference: HF's own weights of layer 1, averaged over its heads here
+        heads = hf(torch.tensor([IDS]), output_attentions=True).attentions[1][0].double()
+    torch.testing.assert_close(mean.double(), sum(heads[h] for h in range(len(heads))) / len(heads),
+                               atol=1e-5, rtol=1e-4)
     assert torch.allclose(mean.sum(-1), torch.ones(len(IDS)), atol=1e-5)
     assert float(mean.triu(1).abs().max()) == 0  # no query sees a later key
     with pytest.raises(InvalidParameter, match="head must be in 0..3"):
@@ -118,8 +121,9 @@ def test_neighbours_are_a_cosine_top_k_of_the_embedding_matrix(worded, gpt2):
     assert [i for i, _ in found] == expected.indices.tolist()
     assert [c for _, c in found] == pytest.approx(expected.values.tolist(), abs=1e-5)
     several, mean = lesson.word_vector(model, gpt2, "antidisestablishmentarianism")
-    assert len(several) > 1
-    torch.testing.assert_close(mean, table[several].mean(0))
+    assert several == gpt2.encode(" antidisestablishmentarianism") and len(several) > 1
+    rows = [hf.model.embed_tokens(torch.tensor(i)).detach().double() for i in several]  # HF's rows, one by one
+    torch.testing.assert_close(mean.double(), sum(rows) / len(rows), atol=1e-6, rtol=1e-5)
 
 
 def test_pca_map_matches_numpy(worded, gpt2):
