@@ -25,10 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nexttok.models.attention import AttentionCapture, attend_cached, keys_for, masks_for, positions_for
-from nexttok.models.cache import Cache
+from nexttok.models.attention import attend_cached
 from nexttok.models.compiled import CompiledDecode
 from nexttok.models.config import ModelConfig
+from nexttok.models.decoder import Decoder
 from nexttok.models.fused import FusedLinear
 from nexttok.models.llama import apply_rope, rope_inverse_frequencies
 
@@ -123,7 +123,7 @@ class DecoderLayer(nn.Module):
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 
 
-class Gemma3(nn.Module):
+class Gemma3(Decoder):
     # checkpoint tensor name = CHECKPOINT_PREFIX + our name, except names starting with UNPREFIXED
     POSITIONS = "rope"  # rotary: q and k rotated by position (RoPE)
     CHECKPOINT_PREFIX = "model."
@@ -139,7 +139,7 @@ class Gemma3(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
-        self._windows = {layer.self_attn.window for layer in self.layers}
+        self.windows = frozenset(layer.self_attn.window for layer in self.layers)
         self.compiled: CompiledDecode | None = None  # compiled.compile_decode turns it on
         if not self.norm.weight.is_meta:  # on the meta device the loader calls it once weights are in
             self.init_buffers()
@@ -162,44 +162,21 @@ class Gemma3(nn.Module):
         self.inv_freq = rope_inverse_frequencies(self.config).to(device)
         self.inv_freq_local = rope_inverse_frequencies(local).to(device)
 
+    @property
+    def blocks(self) -> nn.ModuleList:
+        return self.layers
+
+    @property
+    def final_norm(self) -> nn.Module:
+        return self.norm
+
+    def rotations(self, q_pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """What each layer takes besides x: cos and sin of the global and of the local RoPE."""
+        return (*rotation(q_pos, self.inv_freq, dtype), *rotation(q_pos, self.inv_freq_local, dtype))
+
     def inverse_frequencies(self) -> torch.Tensor:
         """Radians per position of each rotated pair of dimensions (head_dim // 2,), global layers."""
         return self.inv_freq
-
-    def forward(self, ids: torch.Tensor, cache: Cache | None = None, positions: torch.Tensor | None = None,
-                *, capture: AttentionCapture | None = None, last_only: bool = False) -> torch.Tensor:
-        """ids (B, T) -> logits (B, T, vocab). positions (B, T), -1 = padding; default: next ones.
-        last_only: logits of the last position only (B, 1, vocab), all a generation step needs.
-        capture: records what a viewer asks for (attention weights) on the way."""
-        x = self._stream(ids, cache, positions, capture)
-        if last_only:
-            x = x[:, -1:]
-        return self.head(x)
-
-    def final_hidden(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids (B, T) of a fresh sequence -> (B, T, hidden): after the final norm, what lm_head reads."""
-        return self.norm(self._stream(ids, None, None, None))
-
-    def _stream(self, ids, cache, positions, capture) -> torch.Tensor:
-        """The residual stream (B, T, hidden) after the last layer, before the final norm."""
-        q_pos = positions_for(ids, cache, positions, self.config.max_position_embeddings)
-        k_pos, contiguous = keys_for(q_pos, cache, explicit=positions is not None)  # (B, S)
-        masks = masks_for(q_pos, k_pos, self._windows, contiguous, cache)
-        x = self.embed(ids)  # (B, T, hidden)
-        rope = (*rotation(q_pos, self.inv_freq, x.dtype), *rotation(q_pos, self.inv_freq_local, x.dtype))
-        if self.compiled is not None and self.compiled.takes(ids, cache, capture):
-            layer_masks = [masks[layer.self_attn.window] for layer in self.layers]
-            return self.compiled.run(self.layers, x, rope, layer_masks, cache)
-        return self._layers(x, rope, masks, cache, capture)
-
-    def _layers(self, x, rope, masks, cache, capture):
-        if capture is not None:
-            capture.residual(x)
-        for layer in self.layers:
-            x = layer(x, *rope, masks, cache, capture)
-            if capture is not None:
-                capture.residual(x)
-        return x
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Token embeddings (B, T, hidden): rows of the embedding matrix times √hidden, the scale

@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nexttok.models.attention import AttentionCapture, attend_cached, keys_for, masks_for, positions_for
-from nexttok.models.cache import Cache
+from nexttok.models.attention import attend_cached
 from nexttok.models.compiled import CompiledDecode
 from nexttok.models.config import ModelConfig
+from nexttok.models.decoder import Decoder
 
 ACTIVATIONS = {
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
@@ -76,7 +76,7 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
-class GPT2(nn.Module):
+class GPT2(Decoder):
     # checkpoint tensor name = CHECKPOINT_PREFIX + our name (old checkpoints omit the prefix)
     POSITIONS = "learned"  # a learned vector per position (wpe), added to the token embedding
     CHECKPOINT_PREFIX = "transformer."
@@ -110,38 +110,20 @@ class GPT2(nn.Module):
     def init_buffers(self) -> None:
         """GPT-2 has no computed buffers."""
 
-    def forward(self, ids: torch.Tensor, cache: Cache | None = None, positions: torch.Tensor | None = None,
-                *, capture: AttentionCapture | None = None, last_only: bool = False) -> torch.Tensor:
-        """ids (B, T) -> logits (B, T, vocab). positions (B, T), -1 = padding; default: next ones.
-        last_only: logits of the last position only (B, 1, vocab), all a generation step needs.
-        capture: records what a viewer asks for (attention weights) on the way."""
-        x = self._stream(ids, cache, positions, capture)
-        if last_only:
-            x = x[:, -1:]
-        return self.head(x)
+    @property
+    def blocks(self) -> nn.ModuleList:
+        return self.h
 
-    def final_hidden(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids (B, T) of a fresh sequence -> (B, T, hidden): after ln_f, what lm_head reads."""
-        return self.ln_f(self._stream(ids, None, None, None))
+    @property
+    def final_norm(self) -> nn.Module:
+        return self.ln_f
 
-    def _stream(self, ids, cache, positions, capture) -> torch.Tensor:
-        """The residual stream (B, T, hidden) after the last block, before ln_f."""
-        q_pos = positions_for(ids, cache, positions, self.config.max_position_embeddings)
-        k_pos, contiguous = keys_for(q_pos, cache, explicit=positions is not None)  # (B, S)
-        masks = masks_for(q_pos, k_pos, {None}, contiguous, cache)
-        x = self.embed(ids) + self.wpe(q_pos.clamp(min=0))  # (B, T, hidden)
-        if self.compiled is not None and self.compiled.takes(ids, cache, capture):
-            return self.compiled.run(self.h, x, (), [masks[None]] * len(self.h), cache)
-        return self._blocks(x, masks, cache, capture)
+    def window_of(self, block: nn.Module) -> None:
+        return None  # every block attends to all earlier positions
 
-    def _blocks(self, x, masks, cache, capture):
-        if capture is not None:
-            capture.residual(x)
-        for block in self.h:
-            x = block(x, masks, cache, capture)
-            if capture is not None:
-                capture.residual(x)
-        return x
+    def inputs(self, ids: torch.Tensor, q_pos: torch.Tensor) -> torch.Tensor:
+        """Token embeddings plus the learned position vectors (padding, -1, takes position 0's)."""
+        return self.embed(ids) + self.wpe(q_pos.clamp(min=0))
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Token embeddings (B, T, hidden), before the position embedding is added."""

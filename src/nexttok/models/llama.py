@@ -21,10 +21,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from nexttok.models import kernels
-from nexttok.models.attention import AttentionCapture, attend_cached, keys_for, masks_for, positions_for
-from nexttok.models.cache import Cache
+from nexttok.models.attention import attend_cached
 from nexttok.models.compiled import CompiledDecode
 from nexttok.models.config import ModelConfig
+from nexttok.models.decoder import Decoder
 from nexttok.models.fused import FusedLinear
 
 
@@ -139,7 +139,7 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class Llama(nn.Module):
+class Llama(Decoder):
     # checkpoint tensor name = CHECKPOINT_PREFIX + our name, except names starting with UNPREFIXED
     POSITIONS = "rope"  # rotary: q and k rotated by position (RoPE)
     CHECKPOINT_PREFIX = "model."
@@ -158,7 +158,7 @@ class Llama(nn.Module):
         self.tie_weights()
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
-        self._windows = {layer.self_attn.window for layer in self.layers}
+        self.windows = frozenset(layer.self_attn.window for layer in self.layers)
         self.compiled: CompiledDecode | None = None  # compiled.compile_decode turns it on
         if not self.norm.weight.is_meta:  # on the meta device the loader calls it once weights are in
             self.init_buffers()
@@ -179,31 +179,17 @@ class Llama(nn.Module):
         self.rope_cos = angles.cos().to(device)
         self.rope_sin = angles.sin().to(device)
 
-    def forward(self, ids: torch.Tensor, cache: Cache | None = None, positions: torch.Tensor | None = None,
-                *, capture: AttentionCapture | None = None, last_only: bool = False) -> torch.Tensor:
-        """ids (B, T) -> logits (B, T, vocab). positions (B, T), -1 = padding; default: next ones.
-        last_only: logits of the last position only (B, 1, vocab), all a generation step needs.
-        capture: records what a viewer asks for (attention weights) on the way."""
-        x = self._stream(ids, cache, positions, capture)
-        if last_only:
-            x = x[:, -1:]
-        return self.head(x)
+    @property
+    def blocks(self) -> nn.ModuleList:
+        return self.layers
 
-    def final_hidden(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids (B, T) of a fresh sequence -> (B, T, hidden): after the final norm, what lm_head reads."""
-        return self.norm(self._stream(ids, None, None, None))
+    @property
+    def final_norm(self) -> nn.Module:
+        return self.norm
 
-    def _stream(self, ids, cache, positions, capture) -> torch.Tensor:
-        """The residual stream (B, T, hidden) after the last layer, before the final norm."""
-        q_pos = positions_for(ids, cache, positions, self.config.max_position_embeddings)
-        k_pos, contiguous = keys_for(q_pos, cache, explicit=positions is not None)  # (B, S)
-        masks = masks_for(q_pos, k_pos, self._windows, contiguous, cache)
-        x = self.embed(ids)  # (B, T, hidden)
-        rope = self.rope(q_pos, x.dtype)  # cos, sin (B, T, 1, hd/2)
-        if self.compiled is not None and self.compiled.takes(ids, cache, capture):
-            layer_masks = [masks[layer.self_attn.window] for layer in self.layers]
-            return self.compiled.run(self.layers, x, rope, layer_masks, cache)
-        return self._layers(x, rope, masks, cache, capture)
+    def rotations(self, q_pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """What each layer takes besides x: RoPE's cos and sin at the positions."""
+        return self.rope(q_pos, dtype)
 
     def inverse_frequencies(self) -> torch.Tensor:
         """Radians per position of each rotated pair of dimensions (head_dim // 2,)."""
@@ -214,15 +200,6 @@ class Llama(nn.Module):
         position 0's."""
         rows = q_pos.clamp(min=0)
         return self.rope_cos[rows].to(dtype)[:, :, None], self.rope_sin[rows].to(dtype)[:, :, None]
-
-    def _layers(self, x, rope, masks, cache, capture):
-        if capture is not None:
-            capture.residual(x)
-        for layer in self.layers:
-            x = layer(x, *rope, masks, cache, capture)
-            if capture is not None:
-                capture.residual(x)
-        return x
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Token embeddings (B, T, hidden): the rows of the embedding matrix (no position here: RoPE
