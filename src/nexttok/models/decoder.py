@@ -78,3 +78,51 @@ class Decoder(nn.Module):
             if capture is not None:
                 capture.residual(x)
         return x
+
+
+class LlamaLayout(Decoder):
+    """Llama's modules, which Qwen2/3, Mistral, Phi-3 and Gemma 3 share: embed_tokens, layers,
+    norm, lm_head (tied to embed_tokens where the config says so), positions by RoPE. A family
+    names its layer and norm classes and computes its RoPE tables in init_buffers."""
+
+    POSITIONS = "rope"  # rotary: q and k rotated by position (RoPE)
+    # checkpoint tensor name = CHECKPOINT_PREFIX + our name, except names starting with UNPREFIXED
+    CHECKPOINT_PREFIX = "model."
+    UNPREFIXED = ("lm_head.",)
+    TRANSPOSED: tuple[str, ...] = ()
+    PARALLEL_VOCAB = ("embed_tokens", "lm_head")  # tensor parallelism: vocabulary rows split over ranks
+    LAYER: type[nn.Module]
+    NORM: type[nn.Module]
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(self.LAYER(config, i) for i in range(config.num_hidden_layers))
+        self.norm = self.NORM(config.hidden_size, config.norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights()
+        self.declare_buffers()
+        self.windows = frozenset(layer.self_attn.window for layer in self.layers)
+        self.compiled = None  # compiled.compile_decode turns it on
+        if not self.norm.weight.is_meta:  # on the meta device the loader calls it once weights are in
+            self.init_buffers()
+
+    def declare_buffers(self) -> None:
+        """Register the buffers init_buffers fills (none by default)."""
+
+    @property
+    def blocks(self) -> nn.ModuleList:
+        return self.layers
+
+    @property
+    def final_norm(self) -> nn.Module:
+        return self.norm
+
+    def position_table(self) -> torch.Tensor | None:
+        """None: positions enter as rotations of q and k (RoPE), not as a table."""
+        return None
+
+    def tie_weights(self) -> None:
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight

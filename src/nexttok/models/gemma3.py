@@ -26,9 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from nexttok.models.attention import attend_cached
-from nexttok.models.compiled import CompiledDecode
 from nexttok.models.config import ModelConfig
-from nexttok.models.decoder import Decoder
+from nexttok.models.decoder import LlamaLayout
 from nexttok.models.fused import FusedLinear
 from nexttok.models.llama import apply_rope, rope_inverse_frequencies
 
@@ -123,34 +122,9 @@ class DecoderLayer(nn.Module):
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 
 
-class Gemma3(Decoder):
-    # checkpoint tensor name = CHECKPOINT_PREFIX + our name, except names starting with UNPREFIXED
-    POSITIONS = "rope"  # rotary: q and k rotated by position (RoPE)
-    CHECKPOINT_PREFIX = "model."
-    UNPREFIXED = ("lm_head.",)
-    TRANSPOSED: tuple[str, ...] = ()
-    PARALLEL_VOCAB = ("embed_tokens", "lm_head")  # tensor parallelism: vocabulary rows split over ranks
-
-    def __init__(self, config: ModelConfig):
-        super().__init__()
-        self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.norm_eps)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.tie_weights()
-        self.windows = frozenset(layer.self_attn.window for layer in self.layers)
-        self.compiled: CompiledDecode | None = None  # compiled.compile_decode turns it on
-        if not self.norm.weight.is_meta:  # on the meta device the loader calls it once weights are in
-            self.init_buffers()
-
-    def position_table(self) -> torch.Tensor | None:
-        """None: positions enter as rotations of q and k (RoPE), not as a table."""
-        return None
-
-    def tie_weights(self) -> None:
-        if self.config.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
+class Gemma3(LlamaLayout):
+    LAYER = DecoderLayer
+    NORM = RMSNorm  # Gemma's: x · (1 + w)
 
     def init_buffers(self) -> None:
         """The inverse frequencies (head_dim // 2,) of global and local layers, on the weights'
@@ -161,14 +135,6 @@ class Gemma3(Decoder):
                         rope_scaling=None)
         self.inv_freq = rope_inverse_frequencies(self.config).to(device)
         self.inv_freq_local = rope_inverse_frequencies(local).to(device)
-
-    @property
-    def blocks(self) -> nn.ModuleList:
-        return self.layers
-
-    @property
-    def final_norm(self) -> nn.Module:
-        return self.norm
 
     def rotations(self, q_pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         """What each layer takes besides x: cos and sin of the global and of the local RoPE."""

@@ -22,9 +22,8 @@ from torch import nn
 
 from nexttok.models import kernels
 from nexttok.models.attention import attend_cached
-from nexttok.models.compiled import CompiledDecode
 from nexttok.models.config import ModelConfig
-from nexttok.models.decoder import Decoder
+from nexttok.models.decoder import LlamaLayout
 from nexttok.models.fused import FusedLinear
 
 
@@ -139,37 +138,13 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class Llama(Decoder):
-    # checkpoint tensor name = CHECKPOINT_PREFIX + our name, except names starting with UNPREFIXED
-    POSITIONS = "rope"  # rotary: q and k rotated by position (RoPE)
-    CHECKPOINT_PREFIX = "model."
-    UNPREFIXED = ("lm_head.",)
-    TRANSPOSED: tuple[str, ...] = ()
+class Llama(LlamaLayout):
     LAYER: type[nn.Module] = DecoderLayer  # a variant's own layer (qwen3.py, phi3.py)
-    PARALLEL_VOCAB = ("embed_tokens", "lm_head")  # tensor parallelism: vocabulary rows split over ranks
+    NORM = RMSNorm
 
-    def __init__(self, config: ModelConfig):
-        super().__init__()
-        self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(self.LAYER(config, i) for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.norm_eps)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.tie_weights()
+    def declare_buffers(self) -> None:
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
-        self.windows = frozenset(layer.self_attn.window for layer in self.layers)
-        self.compiled: CompiledDecode | None = None  # compiled.compile_decode turns it on
-        if not self.norm.weight.is_meta:  # on the meta device the loader calls it once weights are in
-            self.init_buffers()
-
-    def position_table(self) -> torch.Tensor | None:
-        """None: positions enter as rotations of q and k (RoPE), not as a table."""
-        return None
-
-    def tie_weights(self) -> None:
-        if self.config.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
 
     def init_buffers(self) -> None:
         """(Re)compute the RoPE tables (max_position_embeddings, head_dim // 2) in float32."""
@@ -178,14 +153,6 @@ class Llama(Decoder):
         angles = positions[:, None] * rope_inverse_frequencies(self.config)[None, :]  # (P, hd/2)
         self.rope_cos = angles.cos().to(device)
         self.rope_sin = angles.sin().to(device)
-
-    @property
-    def blocks(self) -> nn.ModuleList:
-        return self.layers
-
-    @property
-    def final_norm(self) -> nn.Module:
-        return self.norm
 
     def rotations(self, q_pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """What each layer takes besides x: RoPE's cos and sin at the positions."""
