@@ -25,11 +25,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nexttok.models.attention import attend_cached
+from nexttok.models import qwen3
 from nexttok.models.config import ModelConfig
 from nexttok.models.decoder import LlamaLayout
 from nexttok.models.fused import FusedLinear
-from nexttok.models.llama import apply_rope, rope_inverse_frequencies
+from nexttok.models.llama import rope_inverse_frequencies
 
 
 class RMSNorm(nn.Module):
@@ -53,38 +53,18 @@ def rotation(q_pos: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) ->
     return angles.cos().to(dtype)[:, :, None], angles.sin().to(dtype)[:, :, None]
 
 
-class Attention(nn.Module):
-    PARALLEL_HEADS = ("qkv_proj", "o_proj")  # tensor parallelism (parallel_layers.py): heads split over ranks
+class Attention(qwen3.Attention):
+    """Qwen3's attention (q and k normed per head, then rotated) with Gemma's norm, its own RoPE per
+    layer kind (the layer passes local or global cos and sin), and its score scale."""
+
+    NORM = RMSNorm
 
     def __init__(self, config: ModelConfig, layer_idx: int):
-        super().__init__()
-        self.layer_idx = layer_idx
-        self.n_head, self.n_kv_head, self.head_dim = (
-            config.num_attention_heads, config.num_key_value_heads, config.head_dim)
-        hidden, bias = config.hidden_size, config.attention_bias
-        q_rows, kv_rows = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
-        self.qkv_proj = FusedLinear(hidden, {"q_proj": q_rows, "k_proj": kv_rows, "v_proj": kv_rows}, bias)
-        self.o_proj = nn.Linear(q_rows, hidden, bias=bias)
-        self.q_norm = RMSNorm(self.head_dim, config.norm_eps)  # over each head's head_dim
-        self.k_norm = RMSNorm(self.head_dim, config.norm_eps)
+        super().__init__(config, layer_idx)
         self.sliding = config.layer_types[layer_idx] == "sliding_attention"
-        self.window = config.sliding_window if self.sliding else None
         # the kernels scale scores by 1/√head_dim, Gemma by 1/√query_pre_attn_scalar: q makes up
         # the difference (1 when the two are equal, as in gemma-3-270m and 1b)
         self.q_scale = math.sqrt(self.head_dim / (config.query_pre_attn_scalar or self.head_dim))
-
-    def forward(self, x, cos, sin, masks, cache, capture):
-        b, t, _ = x.shape
-        heads = self.qkv_proj(x).view(b, t, -1, self.head_dim)  # (B, T, n_head + 2 n_kv, hd)
-        q = self.q_norm(heads[:, :, : self.n_head])  # (B, T, n_head, hd)
-        k = self.k_norm(heads[:, :, self.n_head : self.n_head + self.n_kv_head])  # (B, T, n_kv, hd)
-        q = apply_rope(q, cos, sin).transpose(1, 2)  # (B, n_head, T, hd)
-        k = apply_rope(k, cos, sin).transpose(1, 2)  # (B, n_kv, T, hd)
-        if self.q_scale != 1.0:
-            q = q * self.q_scale
-        v = heads[:, :, self.n_head + self.n_kv_head :].transpose(1, 2)  # (B, n_kv, T, hd)
-        y = attend_cached(q, k, v, self.layer_idx, masks[self.window], cache, capture)  # (B, n_head, T, hd)
-        return self.o_proj(y.transpose(1, 2).reshape(b, t, self.n_head * self.head_dim))
 
 
 class MLP(nn.Module):
