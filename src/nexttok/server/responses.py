@@ -30,8 +30,13 @@ def model_card(served) -> dict:
             "max_model_len": served.context_length}
 
 
-def _token_bytes(tokenizer, token_id: int) -> list[int]:
-    return list(tokenizer.decode_bytes([token_id]))
+def token_logprobs(tokenizer, steps: list[Step], top: int) -> list[dict]:
+    """Each step as {token, logprob, bytes, top_logprobs: [its top alternatives]}: the entries of
+    chat's logprobs.content and of the Responses API's output_text.logprobs."""
+    def entry(token_id: int, text: str, logprob: float) -> dict:
+        return {"token": text, "logprob": logprob, "bytes": list(tokenizer.decode_bytes([token_id]))}
+    return [{**entry(s.token_id, s.token_text, s.logprob),
+             "top_logprobs": [entry(a.id, a.text, a.logprob) for a in s.top[:top]]} for s in steps]
 
 
 class ResponseFormat:
@@ -167,18 +172,8 @@ class ChatFormat(ResponseFormat):
     chunk_object = "chat.completion.chunk"
     prefix = "chatcmpl"
 
-    def _entry(self, token_id: int, text: str, logprob: float) -> dict:
-        return {"token": text, "logprob": logprob, "bytes": _token_bytes(self.tokenizer, token_id)}
-
     def _logprobs(self, steps) -> dict | None:
-        if not self.logprobs:
-            return None
-        content = []
-        for s in steps:
-            entry = self._entry(s.token_id, s.token_text, s.logprob)
-            entry["top_logprobs"] = [self._entry(a.id, a.text, a.logprob) for a in s.top[: self.top_logprobs]]
-            content.append(entry)
-        return {"content": content}
+        return {"content": token_logprobs(self.tokenizer, steps, self.top_logprobs)} if self.logprobs else None
 
     def choice(self, index: int, steps) -> dict:
         message = {"role": "assistant", "content": "".join(s.text for s in steps)}

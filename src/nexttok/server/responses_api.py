@@ -41,7 +41,7 @@ from nexttok.server.responses_items import (
 )
 from nexttok.server.responses_stream import ResponseEvents
 from nexttok.server.schemas import MAX_TOP_LOGPROBS, ChatRequest, Strict, bounded
-from nexttok.server.streaming import Run, close, steps_of
+from nexttok.server.streaming import Run, chained, close, first_step, steps_of
 
 STORED_RESPONSES = 256
 # the chat request's fields that come from differently named fields here
@@ -135,7 +135,7 @@ async def _create(served: ServedModel, body: ResponsesRequest, store):
                 store.popitem(last=False)
 
     if body.stream:
-        first = await _first(run)
+        first = await first_step([run])
         return StreamingResponse(_events(builder, run, first, keep), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     try:
@@ -175,21 +175,12 @@ def _echoed(body: ResponsesRequest) -> dict:
             "top_logprobs": body.top_logprobs or 0, "user": body.user, "max_tool_calls": body.max_tool_calls}
 
 
-async def _first(run: Run):
-    """The first step (an error before it is an HTTP error, not an event)."""
-    try:
-        return await run.steps.__anext__()
-    except BaseException:
-        await close([run])
-        raise
-
-
 async def _events(builder: ResponseBuilder, run: Run, first, keep):
     events = ResponseEvents(builder, len(run.ids))
     try:
         for event in events.opening():
             yield _sse(event)
-        async for step in _with_first(first, run):
+        async for step in chained([first], run.steps):
             for event in events.step(step):
                 yield _sse(event)
         for event in events.closing():
@@ -199,14 +190,6 @@ async def _events(builder: ResponseBuilder, run: Run, first, keep):
         yield _sse(events.error(str(e)))
     finally:
         await close([run])
-
-
-async def _with_first(first, run: Run):
-    yield first
-    if first.finish_reason:
-        return
-    async for step in run.steps:
-        yield step
 
 
 def _sse(event: dict) -> bytes:

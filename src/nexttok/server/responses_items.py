@@ -14,6 +14,7 @@ import uuid
 from nexttok.errors import InvalidParameter
 from nexttok.generation.loop import Step
 from nexttok.generation.tools import read_reply
+from nexttok.server.responses import token_logprobs
 
 TEXT_PARTS = ("input_text", "output_text", "text")
 MESSAGE_ROLES = ("user", "system", "developer", "assistant")
@@ -158,10 +159,7 @@ class ResponseBuilder:
         return part
 
     def token_logprobs(self, steps: list[Step]) -> list[dict]:
-        def entry(token_id: int, text: str, logprob: float) -> dict:
-            return {"token": text, "logprob": logprob, "bytes": list(self.tokenizer.decode_bytes([token_id]))}
-        return [{**entry(s.token_id, s.token_text, s.logprob),
-                 "top_logprobs": [entry(a.id, a.text, a.logprob) for a in s.top[: self.logprobs]]} for s in steps]
+        return token_logprobs(self.tokenizer, steps, self.logprobs)
 
     @staticmethod
     def call(call: dict) -> dict:

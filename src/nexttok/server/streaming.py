@@ -33,15 +33,25 @@ class Run:
 async def respond(runs: list[Run], fmt: ResponseFormat, *, stream: bool,
                   include_usage: bool) -> dict | StreamingResponse:
     """Wait for the first step (errors before it become a 4xx/5xx response), then answer."""
-    try:
-        first = await runs[0].steps.__anext__()
-        if not stream:
+    first = await first_step(runs)
+    if not stream:
+        try:
             return await collect(runs, first, fmt)
+        except BaseException:
+            await close(runs)
+            raise
+    return StreamingResponse(events(runs, first, fmt, include_usage), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def first_step(runs: list[Run]) -> Step:
+    """The first run's first step; an error before it (a full queue, a bad prompt) closes every run
+    and propagates, to become the HTTP error a client sees instead of an event."""
+    try:
+        return await runs[0].steps.__anext__()
     except BaseException:
         await close(runs)
         raise
-    return StreamingResponse(events(runs, first, fmt, include_usage), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 async def collect(runs: list[Run], first: Step, fmt: ResponseFormat) -> dict:
@@ -57,7 +67,7 @@ async def collect(runs: list[Run], first: Step, fmt: ResponseFormat) -> dict:
 
 async def steps_of(run: Run, first: list[Step] | None = None) -> list[Step]:
     """Every step of one run (first: those already taken from it)."""
-    return [s async for s in _chain(first or [], run.steps)]
+    return [s async for s in chained(first or [], run.steps)]
 
 
 async def close(runs: list[Run]) -> None:
@@ -72,7 +82,7 @@ async def events(runs: list[Run], first: Step, fmt: ResponseFormat, include_usag
     try:
         for n, run in enumerate(runs):
             count = sent = 0  # steps, and characters of text sent so far
-            async for step in _chain([first] if n == 0 else [], run.steps):
+            async for step in chained([first] if n == 0 else [], run.steps):
                 if count == 0:  # a choice opens once its prefill is done (echo sends the prompt's scores)
                     for chunk in fmt.start_chunks(run.index):
                         yield event(chunk, include_usage)
@@ -93,7 +103,8 @@ async def events(runs: list[Run], first: Step, fmt: ResponseFormat, include_usag
     yield b"data: [DONE]\n\n"
 
 
-async def _chain(first: list[Step], rest: AsyncIterator[Step]) -> AsyncIterator[Step]:
+async def chained(first: list[Step], rest: AsyncIterator[Step]) -> AsyncIterator[Step]:
+    """The steps already taken from a run, then the rest, ending at the step that finishes it."""
     for step in first:
         yield step
         if step.finish_reason:
