@@ -27,6 +27,7 @@ from nexttok.checkpoints.export import write_gguf_gpt2
 from nexttok.checkpoints.gguf.reader import GGUFError
 from nexttok.checkpoints.loading import load_checkpoint
 from nexttok.generation.loop import generate
+from nexttok.generation.parameters import LLAMA_CPP_SAMPLING
 from nexttok.generation.sampling import SamplingParams
 from nexttok.models import kernels
 from nexttok.models.cache import KVCache
@@ -40,8 +41,6 @@ METRICS = (  # key, label, higher is better
     ("peak_rss_mb", "peak RSS, MB", False),
     ("compile_s", "decode step compile (first use), s", False),
 )
-# llama.cpp's default sampler settings (common/common.h), which `nexttok run` uses too
-LLAMA_CPP_SAMPLING = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
 OURS = ("nexttok", "compiled")  # columns of this engine: as loaded, and with the decode step compiled
 
 

@@ -6,12 +6,13 @@ import argparse
 import sys
 
 from nexttok.checkpoints.bundled import DEFAULT_MODEL
+from nexttok.generation.parameters import LLAMA_CPP_SAMPLING
 
 DTYPE_HELP = ("auto (default: a .gguf as shipped, quantized; a checkpoint directory in float32 on CPU), "
               "float32, bfloat16, float16, or int8 / int4 (linear layers quantized at load)")
 COMPILE_HELP = "decode steps through torch.compile (needs g++): ~15%% faster after a one-time compile (disk-cached)"
 # llama.cpp's defaults for an interactive run; the library's SamplingParams defaults are neutral
-CLI_SAMPLING = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repetition_penalty=1.0)
+CLI_SAMPLING = {**LLAMA_CPP_SAMPLING, "repetition_penalty": 1.0}
 
 
 def visible(text: str) -> str:

@@ -136,7 +136,7 @@ def generate_step(model: Model, generation: Generation, *, use_cache: bool = Tru
     while True:
         start = time.perf_counter()
         with torch.inference_mode():
-            logits = _forward(model, generation, context, cache, first)
+            logits = _forward(model, generation, context, cache, first, device)
             if logits is None:  # max_tokens 0: the prompt is prefilled and scored, nothing more
                 return
             step = generation.sample(logits, time.perf_counter() - start, first)
@@ -148,12 +148,12 @@ def generate_step(model: Model, generation: Generation, *, use_cache: bool = Tru
 
 
 def _forward(model: Model, generation: Generation, context: list[int], cache: KVCache | None,
-             first: bool) -> torch.Tensor | None:
+             first: bool, device: torch.device) -> torch.Tensor | None:
     """The next token's logits (vocab,): the prompt's chunked prefill on the first step (the
     server's too), then the newest token through the cache, or without a cache the whole context."""
     scores = generation.prompt_scores if first else None
     if cache is None:
-        logits = model(torch.tensor([context], device=next(model.parameters()).device), None,
+        logits = model(torch.tensor([context], device=device), None,
                        last_only=scores is None)[0]
         if scores is not None:
             scores.add(0, logits)
@@ -161,7 +161,7 @@ def _forward(model: Model, generation: Generation, context: list[int], cache: KV
     if first:
         logits = prefill(model, cache, context, scores=scores)
         return None if generation.max_tokens == 0 else logits
-    return model(torch.tensor([context[-1:]], device=next(model.parameters()).device), cache, last_only=True)[0, -1]
+    return model(torch.tensor([context[-1:]], device=device), cache, last_only=True)[0, -1]
 
 
 class StopStrings:

@@ -13,6 +13,9 @@ from dataclasses import dataclass
 
 from nexttok.errors import InvalidParameter
 
+# llama.cpp's default sampler settings (common/common.h): `nexttok run`'s defaults, and the bench's
+# sampled decode for both engines; the library's SamplingParams defaults are neutral instead
+LLAMA_CPP_SAMPLING = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
 GREEDY_BELOW = 1e-5  # temperatures this small draw greedily (as vLLM): dividing by them overflows
 
 

@@ -49,12 +49,6 @@ class PromptScores:
         for i, piece in zip(self.ids, pieces, strict=True):
             self.tokens.append(PromptToken(i, piece.text, offset))
             offset += len(detok.add(i))
-        self.text_length = offset + len(detok.flush())  # the decoded prompt's length
-        self.filled = 1  # positions whose score is known (the first token has none)
-
-    @property
-    def complete(self) -> bool:
-        return self.filled == len(self.ids)
 
     def add(self, start: int, logits: torch.Tensor) -> None:
         """The logits (n, vocab) of positions start..start+n-1 score tokens start+1..start+n."""
@@ -72,4 +66,3 @@ class PromptScores:
                 ids, values = top.indices[k].tolist(), top.values[k].tolist()
                 token.top = [Alternative(i, text.text, v)
                              for i, text, v in zip(ids, self.tokenizer.pieces(ids), values, strict=True)]
-        self.filled = max(self.filled, start + 1 + len(targets))
