@@ -148,14 +148,35 @@ def chat_model_dir(tmp_path_factory, gpt2_dir) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tiny_live(chat_model_dir):
-    """(a live server with default limits over the test model, its ServedModel)."""
-    from live_server import LiveServer
-    from nexttok.server import create_app, load_served
+def served(chat_model_dir):
+    """The servers' test model as the ServedModel "tiny" (each module its own)."""
+    from nexttok.server import load_served
 
-    served = load_served(str(chat_model_dir), "tiny")
-    with LiveServer(create_app([served])) as server:
-        yield server, served
+    return load_served(str(chat_model_dir), "tiny")
+
+
+@pytest.fixture(scope="module")
+def server(served):
+    """A live server with default limits over `served`, on a loopback port."""
+    from live_server import LiveServer
+    from nexttok.server import create_app
+
+    with LiveServer(create_app([served])) as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    """The official openai client, unchanged, pointed at `server`."""
+    import openai
+
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def tiny_live(server, served):
+    """(a live server with default limits over the test model, its ServedModel)."""
+    return server, served
 
 
 @pytest.fixture(scope="session")

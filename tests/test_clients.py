@@ -6,12 +6,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-import openai
 import pytest
 from pydantic import BaseModel
-
-from live_server import LiveServer
-from nexttok.server import create_app, load_served
 
 langchain_openai = pytest.importorskip("langchain_openai")
 
@@ -27,17 +23,6 @@ class City(BaseModel):
 def pick_city(city: Literal["Paris", "Rome"]) -> str:
     """Look up a city's weather."""
     return city
-
-
-@pytest.fixture(scope="module")
-def server(chat_model_dir):
-    with LiveServer(create_app([load_served(str(chat_model_dir), MODEL)])) as live:
-        yield live
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
 
 
 def _chat_model(server, **kwargs):

@@ -20,28 +20,12 @@ from live_server import LiveServer
 from nexttok.checkpoints.loading import load_model
 from nexttok.generation.loop import generate
 from nexttok.generation.sampling import SamplingParams
-from nexttok.server import ServerLimits, create_app, load_served
+from nexttok.server import ServerLimits, create_app
 from tiny_models import write_tiny
 
 MODEL = "tiny"
 TEXTS = ["Once upon a time", "The weather is nice today.", "a", "tokens, tokens and more tokens"]
 HIDDEN = 64  # the test model's hidden size
-
-
-@pytest.fixture(scope="module")
-def served(chat_model_dir):
-    return load_served(str(chat_model_dir), MODEL)
-
-
-@pytest.fixture(scope="module")
-def server(served):
-    with LiveServer(create_app([served])) as live:
-        yield live
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
 
 
 def _vectors(response) -> np.ndarray:

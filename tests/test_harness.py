@@ -9,18 +9,13 @@ import pytest
 import torch
 
 from live_server import LiveServer
-from nexttok.server import create_app, load_served
+from nexttok.server import create_app
 
 pytest.importorskip("lm_eval")
 
 MODEL = "tiny"
 PAIRS = [("The capital of France is", " Paris"), ("Once upon a time", " there was a king"),
          ("1, 2, 3,", " 4")]
-
-
-@pytest.fixture(scope="module")
-def served(chat_model_dir):
-    return load_served(str(chat_model_dir), MODEL)
 
 
 def test_lm_eval_loglikelihood_equals_the_models(served, chat_model_dir):

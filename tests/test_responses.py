@@ -12,9 +12,6 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from live_server import LiveServer
-from nexttok.server import create_app, load_served
-
 MODEL = "tiny"
 CITY = {"type": "object", "required": ["city"], "additionalProperties": False,
         "properties": {"city": {"enum": ["Paris", "Rome"]}}}
@@ -25,12 +22,6 @@ TEXT_EVENTS = ["response.created", "response.in_progress", "response.output_item
 TEXT_CLOSE = ["response.output_text.done", "response.content_part.done", "response.output_item.done"]
 CALL_EVENTS = ["response.output_item.added", "response.function_call_arguments.delta",
                "response.function_call_arguments.done", "response.output_item.done"]
-
-
-@pytest.fixture(scope="module")
-def client(chat_model_dir):
-    with LiveServer(create_app([load_served(str(chat_model_dir), MODEL)])) as live:
-        yield openai.OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0)
 
 
 def _post(client, body):

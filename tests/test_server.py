@@ -14,26 +14,10 @@ import torch
 from live_server import LiveServer
 from nexttok.generation.loop import generate, stream
 from nexttok.generation.sampling import SamplingParams
-from nexttok.server import create_app, load_served
+from nexttok.server import create_app
 
 MODEL = "tiny"
 KEY = "sk-test-key"
-
-
-@pytest.fixture(scope="module")
-def served(chat_model_dir):
-    return load_served(str(chat_model_dir), MODEL)
-
-
-@pytest.fixture(scope="module")
-def server(served):
-    with LiveServer(create_app([served])) as live:
-        yield live
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
 
 
 def _post(server, path, body, **kwargs):

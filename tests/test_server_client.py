@@ -12,16 +12,11 @@ import openai
 import pytest
 
 from live_server import LiveServer
-from nexttok.server import ServedModel, ServerLimits, create_app, load_served
+from nexttok.server import ServedModel, ServerLimits, create_app
 
 MODEL = "tiny"
 HUB_NAME = "org/tiny-chat"  # served names may be hub ids
 KEY = "sk-client-test"
-
-
-@pytest.fixture(scope="module")
-def served(chat_model_dir):
-    return load_served(str(chat_model_dir), MODEL)
 
 
 @pytest.fixture(scope="module")

@@ -28,22 +28,6 @@ CITY = {"name": "pick_city", "parameters": {"type": "object", "required": ["city
 
 
 @pytest.fixture(scope="module")
-def served(chat_model_dir):
-    return load_served(str(chat_model_dir), MODEL)
-
-
-@pytest.fixture(scope="module")
-def server(served):
-    with LiveServer(create_app([served])) as live:
-        yield live
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture(scope="module")
 def hf_logprobs(chat_model_dir):
     """log_softmax of HF transformers' logits for a list of ids: (T, vocab)."""
     from transformers import AutoModelForCausalLM
