@@ -28,6 +28,7 @@ from nexttok.checkpoints.gguf.reader import GGUFError
 from nexttok.checkpoints.loading import load_checkpoint
 from nexttok.generation.loop import generate
 from nexttok.generation.parameters import LLAMA_CPP_SAMPLING
+from nexttok.generation.prefill import prefill
 from nexttok.generation.sampling import SamplingParams
 from nexttok.models import kernels
 from nexttok.models.cache import KVCache
@@ -133,9 +134,10 @@ def weight_bytes(model: torch.nn.Module) -> int:
 
 
 def _forward_nexttok(model, ids: list[int]) -> None:
+    """The prompt into a fresh cache as `nexttok run` and the server prefill it (in BLOCK chunks)."""
     cache = KVCache.for_model(model.config, max_len=len(ids) + 1, dtype=next(model.parameters()).dtype)
     with torch.inference_mode():
-        model(torch.tensor([ids]), cache, last_only=True)
+        prefill(model, cache, ids)
 
 
 def bench_hf(cfg: BenchConfig) -> dict:

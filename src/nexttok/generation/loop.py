@@ -150,18 +150,16 @@ def generate_step(model: Model, generation: Generation, *, use_cache: bool = Tru
 def _forward(model: Model, generation: Generation, context: list[int], cache: KVCache | None,
              first: bool, device: torch.device) -> torch.Tensor | None:
     """The next token's logits (vocab,): the prompt's chunked prefill on the first step (the
-    server's too), then the newest token through the cache, or without a cache the whole context."""
-    scores = generation.prompt_scores if first else None
+    server's too), then the newest token through the cache. Without a cache the whole context is
+    prefilled again every step, into a scratch cache that the step drops: the same compute as one
+    forward over the context, its activations bounded by the prefill's chunk."""
+    if cache is not None and not first:
+        return model(torch.tensor([context[-1:]], device=device), cache, last_only=True)[0, -1]
     if cache is None:
-        logits = model(torch.tensor([context], device=device), None,
-                       last_only=scores is None)[0]
-        if scores is not None:
-            scores.add(0, logits)
-        return None if first and generation.max_tokens == 0 else logits[-1]
-    if first:
-        logits = prefill(model, cache, context, scores=scores)
-        return None if generation.max_tokens == 0 else logits
-    return model(torch.tensor([context[-1:]], device=device), cache, last_only=True)[0, -1]
+        cache = KVCache.for_model(model.config, max_len=len(context), dtype=next(model.parameters()).dtype,
+                                  device=device)
+    logits = prefill(model, cache, context, scores=generation.prompt_scores if first else None)
+    return None if first and generation.max_tokens == 0 else logits
 
 
 class StopStrings:
