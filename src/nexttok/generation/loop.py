@@ -24,7 +24,7 @@ import torch
 from nexttok.errors import InvalidParameter
 from nexttok.generation.prefill import prefill
 from nexttok.generation.sampling import SamplerChain, SamplingParams, StageRecord, check_token_ids
-from nexttok.generation.scoring import Alternative, PromptScores
+from nexttok.generation.scoring import Alternative, PromptScores, top_alternatives
 from nexttok.models import Model
 from nexttok.models.cache import KVCache
 from nexttok.models.config import ModelConfig
@@ -249,13 +249,6 @@ def stream(model: Model, tokenizer: Tokenizer, prompt: str | Sequence[int],
     yield from generate_step(model, generation, use_cache=use_cache)
 
 
-def _alternatives(tokenizer: Tokenizer, logprobs: torch.Tensor, n: int) -> list[Alternative]:
-    top = torch.topk(logprobs, min(n, logprobs.shape[-1]))
-    return [Alternative(i, tokenizer.pieces([i])[0].text, lp)
-            for i, lp in zip(top.indices.tolist(), top.values.tolist(), strict=True)
-            if lp > float("-inf")]
-
-
 def build_step(tokenizer: Tokenizer, token_id: int, logits: torch.Tensor, final: torch.Tensor, draw: float | None,
                *, index: int, elapsed: float, prefill: bool, stages: list[StageRecord] | None = None,
                text: str = "", finish_reason: str | None = None, top_n: int = 5) -> Step:
@@ -264,10 +257,12 @@ def build_step(tokenizer: Tokenizer, token_id: int, logits: torch.Tensor, final:
     logprobs = torch.log_softmax(logits.float(), -1)
     chosen = float(logprobs[token_id])
     rank = int((logprobs > chosen).sum()) + 1
-    filtered = torch.log_softmax(final.float(), -1) if top_n else None  # only its top_n are kept
+    top, top_filtered = [], []
+    if top_n:  # the filtered distribution only for its top_n
+        top, top_filtered = top_alternatives(tokenizer, torch.stack([logprobs, torch.log_softmax(final.float(), -1)]),
+                                             top_n)
     return Step(index=index, token_id=token_id, text=text, token_text=tokenizer.pieces([token_id])[0].text,
-                logprob=chosen, rank=rank, top=_alternatives(tokenizer, logprobs, top_n),
-                top_filtered=_alternatives(tokenizer, filtered, top_n) if top_n else [], draw=draw, elapsed=elapsed,
+                logprob=chosen, rank=rank, top=top, top_filtered=top_filtered, draw=draw, elapsed=elapsed,
                 prefill=prefill, finish_reason=finish_reason, stages=stages)
 
 

@@ -58,11 +58,18 @@ class PromptScores:
         logprobs = torch.log_softmax(logits[: len(targets)].float(), -1)
         chosen = logprobs.gather(-1, torch.tensor(targets, device=logprobs.device)[:, None])  # (n, 1)
         ranks = ((logprobs > chosen).sum(-1) + 1).tolist()
-        top = torch.topk(logprobs, min(self.top_n, logprobs.shape[-1])) if self.top_n else None
+        tops = top_alternatives(self.tokenizer, logprobs, self.top_n) if self.top_n else None
         for k, lp in enumerate(chosen[:, 0].tolist()):
             token = self.tokens[start + 1 + k]
             token.logprob, token.rank = lp, ranks[k]
-            if top is not None:
-                ids, values = top.indices[k].tolist(), top.values[k].tolist()
-                token.top = [Alternative(i, text.text, v)
-                             for i, text, v in zip(ids, self.tokenizer.pieces(ids), values, strict=True)]
+            if tops is not None:
+                token.top = tops[k]
+
+
+def top_alternatives(tokenizer, logprobs: torch.Tensor, n: int) -> list[list[Alternative]]:
+    """The n most likely tokens of each row of logprobs (rows, vocab), best first; a token the
+    sampler ruled out (-inf) is none of them."""
+    top = torch.topk(logprobs, min(n, logprobs.shape[-1]))
+    return [[Alternative(i, piece.text, v) for i, piece, v in zip(ids, tokenizer.pieces(ids), values, strict=True)
+             if v > float("-inf")]
+            for ids, values in zip(top.indices.tolist(), top.values.tolist(), strict=True)]
