@@ -5,12 +5,14 @@ models: models, convert)."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from rich.console import Console
 
 from nexttok.cli import chat, explain, models, serve, text
 from nexttok.cli.common import escape
+from nexttok.home import cache_home
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,6 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # torch.compile's inductor reads its on-disk cache folder from the environment only; the
+    # process is ours here, and spawned workers (tensor-parallel ranks, bench engines) inherit it
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_home() / "inductor"))
     out = Console(soft_wrap=True)
     try:
         return args.func(args, out)

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 import torch
 from torch import nn
 
@@ -24,21 +21,6 @@ ARCHITECTURES: dict[str, type[nn.Module]] = {"gpt2": GPT2, "llama": Llama, "qwen
 
 def build_model(config: ModelConfig) -> nn.Module:
     """The modules of config's architecture on the meta device: shapes, no storage, no values
-    (the loader puts the weights in)."""
-    with torch.device("meta"), _no_random_init():
+    (the loader puts the weights in; the random init of a meta tensor does nothing)."""
+    with torch.device("meta"):
         return ARCHITECTURES[config.model_type](config)
-
-
-@contextlib.contextmanager
-def _no_random_init() -> Iterator[None]:
-    """Skip the layers' random initialisation, as HF's no_init_weights does: on the meta device it
-    is pointless, and its first call imports torch's compiler stack (~1.7 s of start-up here)."""
-    names = ("normal_", "uniform_", "kaiming_uniform_", "trunc_normal_", "zeros_", "ones_")
-    saved = {name: getattr(nn.init, name) for name in names}
-    try:
-        for name in names:
-            setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
-        yield
-    finally:
-        for name, function in saved.items():
-            setattr(nn.init, name, function)

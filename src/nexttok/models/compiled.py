@@ -9,9 +9,11 @@ cache and mask in attention.STEP, set here before each layer.
 
 One graph serves every layer (the layers differ only in weights, which are the graph's inputs);
 a new batch size compiles a new one. Prefill (many tokens) and captures for a viewer stay eager.
-The compiled code is cached on disk (inductor's own cache, in the nexttok cache's inductor/ folder), so a
-later process pays only the tracing. The compiled step rounds bfloat16 differently from the eager
-one (fused ops round once): same tokens up to near ties, not the same bits.
+The compiled code is cached on disk by inductor, so a later process pays only the tracing: inductor
+takes its folder from TORCHINDUCTOR_CACHE_DIR, which the `nexttok` commands point at the nexttok
+cache's inductor/ folder (cli/__init__.py); a library caller's process keeps its own setting.
+The compiled step rounds bfloat16 differently from the eager one (fused ops round once): same
+tokens up to near ties, not the same bits.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ import time
 import torch
 from torch import nn
 
-from nexttok.home import cache_home
 from nexttok.models.attention import STEP, TRACED
 
 
@@ -46,7 +47,6 @@ class CompiledDecode:
 
     def __init__(self, device: torch.device):
         _check_compiler(device)
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_home() / "inductor"))
         # cpp_wrapper: the graph's calls made from C++, not Python (18.8 -> 17.3 ms a step without,
         # 18.1 -> 15.3 ms with, interleaved A/B on the default model)
         self.fn = torch.compile(_layer, dynamic=False, fullgraph=True, options={"cpp_wrapper": True})

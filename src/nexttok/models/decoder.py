@@ -22,6 +22,13 @@ from nexttok.models.attention import AttentionCapture, keys_for, masks_for, posi
 from nexttok.models.cache import Cache
 
 
+def empty_embedding(rows: int, dim: int) -> nn.Embedding:
+    """An embedding table without values (its weights are loaded later). from_pretrained skips
+    nn.Embedding's random init, whose normal_ on the meta device goes through torch's compiled
+    references and imports its compiler stack (~1 s of start-up)."""
+    return nn.Embedding.from_pretrained(torch.empty(rows, dim), freeze=True)
+
+
 class Decoder(nn.Module):
     windows: frozenset = frozenset({None})
 
@@ -97,7 +104,7 @@ class LlamaLayout(Decoder):
     def __init__(self, config):
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = empty_embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(self.LAYER(config, i) for i in range(config.num_hidden_layers))
         self.norm = self.NORM(config.hidden_size, config.norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)

@@ -16,7 +16,7 @@ from torch import nn
 from nexttok.models.attention import attend_cached
 from nexttok.models.compiled import CompiledDecode
 from nexttok.models.config import ModelConfig
-from nexttok.models.decoder import Decoder
+from nexttok.models.decoder import Decoder, empty_embedding
 
 ACTIVATIONS = {
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
@@ -87,8 +87,8 @@ class GPT2(Decoder):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        self.wte = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.wpe = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.wte = empty_embedding(config.vocab_size, config.hidden_size)
+        self.wpe = empty_embedding(config.max_position_embeddings, config.hidden_size)
         self.h = nn.ModuleList(Block(config, i) for i in range(config.num_hidden_layers))
         self.ln_f = nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)

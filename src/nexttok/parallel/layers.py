@@ -214,8 +214,7 @@ def _shard_vocab(model: nn.Module, embed_name: str, head_name: str, rank: int, w
     if isinstance(embedding, (Q8Embedding, BlockEmbedding)):
         local = embedding.select(mine)
     else:
-        local = nn.Embedding(mine.stop - mine.start, embedding.embedding_dim, device="meta")
-        local.weight = nn.Parameter(embedding.weight.detach()[mine].clone(), requires_grad=False)
+        local = nn.Embedding.from_pretrained(embedding.weight.detach()[mine].clone(), freeze=True)
     rows = torch.arange(mine.start, mine.stop)
     local_head = _linear(local.weight, None) if tied else take_rows(head, rows)
     setattr(model, embed_name, VocabEmbedding(local, mine.start, group))
