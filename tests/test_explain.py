@@ -15,16 +15,8 @@ from nexttok.checkpoints.loading import load_model
 from nexttok.errors import InvalidParameter
 from nexttok.generation.loop import Generation, generate
 from nexttok.generation.parameters import PARAMETERS
-from nexttok.generation.sampling import (
-    History,
-    MinP,
-    Penalties,
-    SamplingParams,
-    Temperature,
-    TopK,
-    TopP,
-    pick,
-)
+from nexttok.generation.sampling import SamplingParams, pick
+from nexttok.generation.stages import History, MinP, Penalties, Temperature, TopK, TopP
 from nexttok.lesson.session import ExplainSession
 from nexttok.server import ServedModel
 from nexttok.server.lesson.routes import RedrawRequest, StepRequest
@@ -104,7 +96,7 @@ def test_view_carries_what_the_page_shows(model, gpt2):
     assert [s.name for s in view["step"].stages] == ["raw", "top_k", "temperature"]
     assert 0 <= view["step"].draw < 1
     p = expected.softmax(-1)
-    final = Temperature(0.7)(TopK(20)(logits, History.start([], 128)), None).softmax(-1)
+    final = Temperature(0.7).apply(TopK(20).apply(logits)).softmax(-1)
     assert [r["id"] for r in view["rows"]] == torch.topk(p, 12).indices.tolist()
     for row in view["rows"]:
         assert row["p"] == pytest.approx(float(p[row["id"]]), abs=1e-6)
@@ -141,11 +133,11 @@ def test_same_draw_is_kept_per_node(model, gpt2):
 def _by_hand(logits, history, params, order):
     """The chain's stages applied one by one, as an oracle for the re-draw."""
     make = {"penalties": lambda: Penalties(params.repetition_penalty, params.presence_penalty,
-                                           params.frequency_penalty),
+                                           params.frequency_penalty, history),
             "top_k": lambda: TopK(params.top_k), "top_p": lambda: TopP(params.top_p),
             "min_p": lambda: MinP(params.min_p), "temperature": lambda: Temperature(params.temperature)}
     for name in order:
-        logits = make[name]()(logits, history)
+        logits = make[name]().apply(logits)
     return logits
 
 

@@ -32,13 +32,13 @@ def test_the_stage_masks_exactly_what_the_grammar_allows(tiny_live):
               "additionalProperties": False}
     constraint = Constraint.json_schema(tokenizer, vocab, schema, stops)
     logits = torch.zeros(vocab)
-    allowed = constraint(logits) > float("-inf")
+    allowed = constraint.apply(logits) > float("-inf")
     texts = {tokenizer.decode([i]) for i in allowed.nonzero().flatten().tolist()}
     assert texts and all('{"ok": '.startswith(t) for t in texts)  # only prefixes of the one valid start
     for token in tokenizer.encode('{"ok": true}'):
-        assert constraint(logits)[token] == 0
+        assert constraint.apply(logits)[token] == 0
         constraint.accept(token)
-    final = constraint(logits) > float("-inf")
+    final = constraint.apply(logits) > float("-inf")
     assert final.nonzero().flatten().tolist() == stops  # the document is complete: only the stop token
     with pytest.raises(ValueError, match="not allowed by the grammar"):
         Constraint.json_schema(tokenizer, vocab, schema, stops).accept(tokenizer.encode("x")[0])
@@ -50,8 +50,7 @@ def test_grammar_is_the_first_recorded_stage(tiny_live):
     constraint = Constraint.json_object(tokenizer, model.config.vocab_size, model.config.eos_token_id)
     chain = SamplerChain.from_params(SamplingParams(temperature=0.7, top_k=5), model.config.vocab_size,
                                      constraint=constraint)
-    records: list = []
-    chain.sample(torch.randn(model.config.vocab_size), records)
+    records = chain.sample(torch.randn(model.config.vocab_size), record=True).stages
     assert [r.name for r in records] == ["raw", "grammar", "top_k", "temperature"]
     assert records[1].kept < records[0].kept and records[2].kept <= 5
     starts = {tokenizer.decode([i]) for i in records[-1].top_ids if records[-1].top_probs[records[-1].top_ids.index(i)]}
@@ -121,7 +120,7 @@ def test_sentencepiece_vocabularies_walk_a_schema(spm_variant_files, variant):
     constraint = Constraint.json_schema(tokenizer, tokenizer.vocab_size, schema, [stop])
     logits, chosen = torch.zeros(tokenizer.vocab_size), []
     while not chosen or chosen[-1] != stop:  # the longest allowed token each time: a walk to the end
-        allowed = (constraint(logits) > float("-inf")).nonzero().flatten().tolist()
+        allowed = (constraint.apply(logits) > float("-inf")).nonzero().flatten().tolist()
         chosen.append(max(allowed, key=lambda i: (len(tokenizer.decode_bytes([i])), -i)))
         constraint.accept(chosen[-1])
         assert len(chosen) < 60

@@ -9,23 +9,18 @@ import pytest
 import torch
 
 from nexttok.generation.parameters import PARAMETERS
-from nexttok.generation.sampling import (
+from nexttok.generation.sampling import SamplerChain, SamplingParams, entropy_bits, pick
+from nexttok.generation.stages import (
     NEG_INF,
     History,
     LogitBias,
     MinP,
     Penalties,
-    SamplerChain,
-    SamplingParams,
     Temperature,
     TopK,
     TopP,
     check_token_ids,
-    entropy_bits,
-    pick,
 )
-
-NO_HISTORY = History.start([], 8)
 
 
 def _logits(probs) -> torch.Tensor:
@@ -37,26 +32,26 @@ def _kept(logits: torch.Tensor) -> list[int]:
 
 
 def test_top_p_keeps_smallest_set_reaching_p():
-    assert _kept(TopP(0.3)(_logits([0.9, 0, 0, 0.1]), NO_HISTORY)) == [0]
-    assert _kept(TopP(0.9)(_logits([0.5, 0.3, 0.15, 0.05]), NO_HISTORY)) == [0, 1, 2]
-    assert _kept(TopP(1.0)(_logits([0.5, 0.3, 0.15, 0.05]), NO_HISTORY)) == [0, 1, 2, 3]
-    assert _kept(TopP(0.01)(_logits([0.25, 0.25, 0.5]), NO_HISTORY)) == [2]
+    assert _kept(TopP(0.3).apply(_logits([0.9, 0, 0, 0.1]))) == [0]
+    assert _kept(TopP(0.9).apply(_logits([0.5, 0.3, 0.15, 0.05]))) == [0, 1, 2]
+    assert _kept(TopP(1.0).apply(_logits([0.5, 0.3, 0.15, 0.05]))) == [0, 1, 2, 3]
+    assert _kept(TopP(0.01).apply(_logits([0.25, 0.25, 0.5]))) == [2]
 
 
 def test_top_k_keeps_ties_with_the_kth():
-    assert _kept(TopK(2)(torch.tensor([1.0, 3.0, 2.0, 0.0]), NO_HISTORY)) == [1, 2]
-    assert _kept(TopK(2)(torch.tensor([1.0, 1.0, 1.0, 0.0]), NO_HISTORY)) == [0, 1, 2]
-    assert _kept(TopK(10)(torch.tensor([1.0, 0.0]), NO_HISTORY)) == [0, 1]
+    assert _kept(TopK(2).apply(torch.tensor([1.0, 3.0, 2.0, 0.0]))) == [1, 2]
+    assert _kept(TopK(2).apply(torch.tensor([1.0, 1.0, 1.0, 0.0]))) == [0, 1, 2]
+    assert _kept(TopK(10).apply(torch.tensor([1.0, 0.0]))) == [0, 1]
 
 
 def test_min_p_is_relative_to_the_top_token():
-    assert _kept(MinP(0.2)(_logits([0.5, 0.3, 0.09, 0.11]), NO_HISTORY)) == [0, 1, 3]
+    assert _kept(MinP(0.2).apply(_logits([0.5, 0.3, 0.09, 0.11]))) == [0, 1, 3]
 
 
 def test_temperature_rescales():
-    out = Temperature(2.0)(torch.tensor([2.0, -4.0]), NO_HISTORY)
+    out = Temperature(2.0).apply(torch.tensor([2.0, -4.0]))
     assert out.tolist() == [1.0, -2.0]
-    sharp = Temperature(0.5)(_logits([0.6, 0.4]), NO_HISTORY).softmax(-1)
+    sharp = Temperature(0.5).apply(_logits([0.6, 0.4])).softmax(-1)
     assert sharp[0] == pytest.approx(0.36 / 0.52, abs=1e-6)
 
 
@@ -66,13 +61,27 @@ def test_penalties():
     history.add(1)
     history.add(2)
     logits = torch.tensor([2.0, -2.0, 1.0, 1.0])
-    assert Penalties(2.0, 0, 0)(logits, history).tolist() == [1.0, -4.0, 0.5, 1.0]
+    assert Penalties(2.0, 0, 0, history).apply(logits).tolist() == [1.0, -4.0, 0.5, 1.0]
     # presence/frequency count generated tokens only (OpenAI, vLLM): token 0 is prompt-only
-    assert Penalties(1.0, 0.5, 0.25)(logits, history).tolist() == [2.0, -3.0, 0.25, 1.0]
+    assert Penalties(1.0, 0.5, 0.25, history).apply(logits).tolist() == [2.0, -3.0, 0.25, 1.0]
+
+
+def test_penalties_keep_their_own_history():
+    """A penalty stage remembers each token it is told (accept); the stateless stages ignore it."""
+    penalties = Penalties(1.0, 1.0, 0.0, History.start([], 4))
+    logits = torch.zeros(4)
+    assert penalties.apply(logits).tolist() == [0.0, 0.0, 0.0, 0.0]
+    penalties.accept(2)
+    penalties.accept(2)
+    assert penalties.apply(logits).tolist() == [0.0, 0.0, -1.0, 0.0]  # presence: once, however often
+    top_k = TopK(2)
+    before = top_k.apply(torch.tensor([1.0, 3.0, 2.0, 0.0]))
+    top_k.accept(1)
+    assert torch.equal(top_k.apply(torch.tensor([1.0, 3.0, 2.0, 0.0])), before)
 
 
 def test_logit_bias():
-    out = LogitBias({3: 100.0, 0: -100.0}, 4)(torch.zeros(4), NO_HISTORY)
+    out = LogitBias({3: 100.0, 0: -100.0}, 4).apply(torch.zeros(4))
     assert out.tolist() == [-100.0, 0.0, 0.0, 100.0]
     with pytest.raises(ValueError, match="logit_bias token id 9 is outside the vocabulary \\(0..3\\)"):
         LogitBias({9: 1.0}, 4)
@@ -84,8 +93,8 @@ def test_order_matters_temperature_before_top_p():
     temp_first = SamplerChain.from_params(
         SamplingParams(temperature=0.5, top_p=0.85, order=["temperature", "top_p"]), 3)
     assert [s.name for s in default.stages] == ["top_p", "temperature"]
-    assert _kept(default(logits)) == [0, 1]  # top_p saw the untempered 0.7/0.2/0.1
-    assert _kept(temp_first(logits)) == [0]  # sharpened first: 0.907 alone reaches 0.85
+    assert _kept(default.apply(logits)) == [0, 1]  # top_p saw the untempered 0.7/0.2/0.1
+    assert _kept(temp_first.apply(logits)) == [0]  # sharpened first: 0.907 alone reaches 0.85
 
 
 def test_neutral_settings_build_no_stage():
@@ -113,11 +122,11 @@ def test_stages_match_hf_logits_processors(seed):
         (TopP(0.8), TopPLogitsWarper(0.8)),
         (MinP(0.05), MinPLogitsWarper(0.05)),
         (Temperature(0.7), TemperatureLogitsWarper(0.7)),
-        (Penalties(1.3, 0, 0), RepetitionPenaltyLogitsProcessor(1.3)),
+        (Penalties(1.3, 0, 0, history), RepetitionPenaltyLogitsProcessor(1.3)),
     ]
     for ours, theirs in cases:
         expected = theirs(prompt[None], logits[None].clone())[0]
-        torch.testing.assert_close(ours(logits, history), expected, msg=type(ours).__name__)
+        torch.testing.assert_close(ours.apply(logits), expected, msg=type(ours).__name__)
 
 
 @pytest.mark.parametrize("changes,message", [
@@ -185,7 +194,7 @@ def test_pick_equals_the_plain_inverse_cdf(size):
     for trial in range(40 if size < 49152 else 6):
         logits = torch.randn(size, generator=gen) * 4
         if trial % 2:
-            logits = TopK(max(1, size // 20))(logits, NO_HISTORY)  # most tokens cut
+            logits = TopK(max(1, size // 20)).apply(logits)  # most tokens cut
         u = float(torch.rand((), generator=gen))
         assert pick(logits, u) == _reference_pick(logits, u)
 
@@ -203,9 +212,9 @@ def test_top_p_over_a_whole_vocabulary_and_after_top_k_matches_hf(seed):
     ids = torch.zeros(1, 1, dtype=torch.long)
     for p in (0.5, 0.9, 0.95):
         whole = TopPLogitsWarper(p)(ids, logits[None].clone())[0]
-        assert torch.equal(TopP(p)(logits, NO_HISTORY) > NEG_INF, whole > NEG_INF)
+        assert torch.equal(TopP(p).apply(logits) > NEG_INF, whole > NEG_INF)
         after_k = TopPLogitsWarper(p)(ids, TopKLogitsWarper(40)(ids, logits[None].clone()))[0]
-        ours = TopP(p)(TopK(40)(logits, NO_HISTORY), NO_HISTORY)
+        ours = TopP(p).apply(TopK(40).apply(logits))
         torch.testing.assert_close(ours, after_k)
 
 
@@ -216,7 +225,7 @@ def test_sampled_frequencies_match_softmax():
     n = 20_000
     counts = torch.zeros(8)
     for _ in range(n):
-        counts[chain.sample(logits)[0]] += 1
+        counts[chain.sample(logits).token_id] += 1
     chi2 = float((((counts - n * expected) ** 2) / (n * expected)).sum())
     assert chi2 < 24.3, f"chi-square {chi2:.1f} over 7 degrees of freedom (p < 0.001 would fail)"
 
@@ -226,7 +235,7 @@ def test_same_seed_same_draws_and_other_seed_differs():
 
     def draws(seed):
         chain = SamplerChain.from_params(SamplingParams(temperature=1.3, top_p=0.9, seed=seed), 50)
-        return [chain.sample(logits)[0] for _ in range(40)]
+        return [chain.sample(logits).token_id for _ in range(40)]
 
     assert draws(7) == draws(7)
     assert draws(7) != draws(8)
@@ -234,8 +243,8 @@ def test_same_seed_same_draws_and_other_seed_differs():
 
 def test_recording_each_stage():
     chain = SamplerChain.from_params(SamplingParams(temperature=0.5, top_k=3, top_p=0.9, seed=0), 6)
-    record: list = []
-    chain.sample(torch.tensor([3.0, 2.0, 1.0, 0.0, -1.0, -2.0]), record)
+    assert chain.sample(torch.tensor([3.0, 2.0, 1.0, 0.0, -1.0, -2.0])).stages is None  # only when asked
+    record = chain.sample(torch.tensor([3.0, 2.0, 1.0, 0.0, -1.0, -2.0]), record=True).stages
     assert [r.name for r in record] == ["raw", "top_k", "top_p", "temperature"]
     assert [r.kept for r in record][:2] == [6, 3]
     assert record[-1].top_probs[0] > record[0].top_probs[0]
@@ -249,14 +258,14 @@ def test_the_chain_holds_the_history_it_is_told():
     params = SamplingParams(temperature=0, repetition_penalty=4.0, presence_penalty=1.0)
     logits = torch.tensor([3.0, 2.9, 2.0, 1.0])
     chain = SamplerChain.from_params(params, 4, prompt_ids=[1])
-    assert chain.sample(logits)[0] == 0  # token 1 is in the prompt: 2.9 / 4
+    assert chain.sample(logits).token_id == 0  # token 1 is in the prompt: 2.9 / 4
     chain.accept(0)
-    token, final, u = chain.sample(logits)
+    chosen = chain.sample(logits)
     history = History.start([1], 4)
     history.add(0)
-    assert final.tolist() == Penalties(4.0, 1.0, 0.0)(logits, history).tolist()
-    assert token == 2 and u is None  # 0 and 1 are penalized now; nothing accepted twice
-    assert chain.history.generated_counts.tolist() == [1, 0, 0, 0]
+    assert chosen.logits.tolist() == Penalties(4.0, 1.0, 0.0, history).apply(logits).tolist()
+    assert chosen.token_id == 2 and chosen.draw is None  # 0 and 1 are penalized now; nothing accepted twice
+    assert chain.stages[0].history.generated_counts.tolist() == [1, 0, 0, 0]
 
 
 def test_a_given_draw_is_used_and_leaves_the_stream_alone():
@@ -264,15 +273,15 @@ def test_a_given_draw_is_used_and_leaves_the_stream_alone():
     params = SamplingParams(temperature=0.8, top_k=10, seed=42)
     given = SamplerChain.from_params(params, 30)
     for u in (0.0, 0.25, 0.5, 0.999):
-        token, final, used = given.sample(logits, u=u)
-        assert used == u and token == pick(final, u)
+        chosen = given.sample(logits, u=u)
+        assert chosen.draw == u and chosen.token_id == pick(chosen.logits, u)
     untouched = SamplerChain.from_params(params, 30)
-    assert [given.sample(logits)[2] for _ in range(3)] == [untouched.sample(logits)[2] for _ in range(3)]
+    assert [given.sample(logits).draw for _ in range(3)] == [untouched.sample(logits).draw for _ in range(3)]
     with pytest.raises(ValueError, match="a draw must be in \\[0, 1\\), got 1.5"):
         given.sample(logits, u=1.5)
     greedy = SamplerChain.from_params(SamplingParams(temperature=0), 30)
-    token, _, used = greedy.sample(logits, u=0.99)
-    assert token == int(logits.argmax()) and used is None
+    chosen = greedy.sample(logits, u=0.99)
+    assert chosen.token_id == int(logits.argmax()) and chosen.draw is None
 
 
 def test_vocabulary_check_is_one_function():
@@ -292,9 +301,9 @@ def test_the_library_defaults_change_no_logit():
     logits = torch.randn(50, generator=gen) * 3
     history = History.start(torch.randint(0, 50, (12,), generator=gen).tolist(), 50)
     history.add(7)
-    for stage in (Penalties(d.repetition_penalty, d.presence_penalty, d.frequency_penalty), TopP(d.top_p),
+    for stage in (Penalties(d.repetition_penalty, d.presence_penalty, d.frequency_penalty, history), TopP(d.top_p),
                   MinP(d.min_p), Temperature(d.temperature), LogitBias(d.logit_bias, 50)):
-        assert torch.equal(stage(logits, history), logits), stage.name
+        assert torch.equal(stage.apply(logits), logits), stage.name
     assert d.top_k == 0 and d.seed is None  # 0: no top-k cut; None: a fresh seed per generation
     assert SamplerChain.from_params(d, 50).stages == []
 

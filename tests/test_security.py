@@ -79,9 +79,10 @@ def test_sampler_always_returns_a_kept_token(logits, temperature, top_p, top_k, 
     values = torch.tensor(logits)
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed)
     chain = SamplerChain.from_params(params, len(logits))
-    token, final, _ = chain.sample(values)
+    chosen = chain.sample(values)
+    token = chosen.token_id
     assert 0 <= token < len(logits)
-    assert final[token] > -math.inf
+    assert chosen.logits[token] > -math.inf
     if temperature < 1e-5:  # greedy
         assert values[token] == values.max()
 
@@ -96,8 +97,7 @@ def test_sampler_refuses_non_finite_logits(logits):
         with pytest.raises(ValueError, match="NaN|inf"):
             chain.sample(values)
     else:
-        token, _, _ = chain.sample(values)
-        assert values[token] > -math.inf
+        assert values[chain.sample(values).token_id] > -math.inf
 
 
 @settings(max_examples=50, deadline=None)

@@ -122,7 +122,7 @@ class Constraint:
         constraint.description = "json_object"
         return constraint
 
-    def __call__(self, logits: torch.Tensor, history=None) -> torch.Tensor:
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """logits (vocab,) with every token the grammar does not allow next set to -inf."""
         if self.matcher.is_error():
             raise ValueError(f"the grammar rejected the text so far: {_first_line(self.matcher.get_error())}")

@@ -23,8 +23,9 @@ import torch
 
 from nexttok.errors import InvalidParameter
 from nexttok.generation.prefill import prefill
-from nexttok.generation.sampling import SamplerChain, SamplingParams, StageRecord, check_token_ids
+from nexttok.generation.sampling import SamplerChain, SamplingParams, StageRecord
 from nexttok.generation.scoring import Alternative, PromptScores, top_alternatives
+from nexttok.generation.stages import check_token_ids
 from nexttok.models import Model
 from nexttok.models.cache import KVCache
 from nexttok.models.config import ModelConfig
@@ -100,16 +101,17 @@ class Generation:
         if self.sampler is None:
             self.sampler = SamplerChain.from_params(self.params, self.vocab_size, self.prompt_ids, self.device,
                                                     constraint=self.constraint)
-        stages = [] if self.record_stages else None
         start = time.perf_counter()
-        token, final, u = self.sampler.sample(logits, stages)
+        chosen = self.sampler.sample(logits, record=self.record_stages)
+        token = chosen.token_id
         self.sampler.accept(token)
         self.tokens.append(token)
         elapsed += time.perf_counter() - start
         text, finish = self._text(token)
         self.finish_reason = finish
-        return build_step(self.tokenizer, token, logits, final, u, index=len(self.tokens) - 1, elapsed=elapsed,
-                          prefill=prefill, stages=stages, text=text, finish_reason=finish, top_n=self.top_n)
+        return build_step(self.tokenizer, token, logits, chosen.logits, chosen.draw, index=len(self.tokens) - 1,
+                          elapsed=elapsed, prefill=prefill, stages=chosen.stages, text=text, finish_reason=finish,
+                          top_n=self.top_n)
 
     def _text(self, token: int) -> tuple[str, str | None]:
         """(text released by this token, finish reason or None)."""

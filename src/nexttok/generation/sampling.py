@@ -1,12 +1,15 @@
-"""Logits → a chosen token, through a chain of stages (llama.cpp's design).
+"""Logits → a chosen token, through a chain of stages (llama.cpp's llama_sampler design).
 
-Every stage maps logits (vocab,) to logits (vocab,): penalties and logit bias change values,
-truncation filters (top-k, top-p, min-p) set the tokens they cut to -inf, temperature rescales.
-The chain runs like a stage (logits in, logits out), over the penalty history it holds itself: it
-is told each chosen token (`accept`).
-The draw is apart: greedy when temperature is 0 (< 1e-5), otherwise inverse-CDF with one uniform
-number u over the kept tokens sorted by probability. u is the next of the chain's seeded stream, or
-given: the explainer passes a node's stored u, so its live dials go through this same code.
+Every stage has a `name`, `apply(logits) -> logits` over (vocab,) and `accept(token_id)`, which
+tells it the token that was chosen: penalties keep their own history (the prompt, then each
+accepted token), the grammar stage advances its matcher, the rest ignore it. Penalties and logit
+bias change values, truncation filters (top-k, top-p, min-p) set the tokens they cut to -inf,
+temperature rescales. The chain is itself a stage (apply runs them all, accept tells them all),
+and it ends in its selector: Greedy (argmax; temperature 0, < 1e-5) or Draw, an inverse-CDF draw
+with one uniform number u over the kept tokens sorted by probability. u is the next of the draw's
+seeded stream, or given: the explainer passes a node's stored u, so its live dials go through this
+same code. `sample` returns a Sample: the token, the final logits, the u used and, when asked, the
+record of each stage.
 
 Default order, as in llama.cpp: penalties → logit_bias → top_k → top_p → min_p → temperature.
 nexttok.generation.parameters.PARAMETERS holds each parameter's range, default and meaning.
@@ -15,7 +18,8 @@ nexttok.generation.parameters.PARAMETERS holds each parameter's range, default a
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,10 +27,20 @@ import torch
 
 from nexttok.errors import InvalidParameter
 from nexttok.generation.parameters import DIALS, GREEDY_BELOW, PARAMETERS
+from nexttok.generation.stages import (
+    NEG_INF,
+    History,
+    LogitBias,
+    MinP,
+    Penalties,
+    Stage,
+    Temperature,
+    TopK,
+    TopP,
+)
 
 STAGE_NAMES = ("penalties", "logit_bias", "top_k", "top_p", "min_p", "temperature")
 DEFAULT_ORDER = STAGE_NAMES
-NEG_INF = float("-inf")
 RECORD_TOP = 20  # ids and probabilities a StageRecord keeps
 
 
@@ -70,37 +84,6 @@ class SamplingParams:
                                    f"got {list(self.order)}")
 
 
-def check_token_ids(bias: Mapping[int, float], vocab_size: int) -> None:
-    """What needs the model: logit_bias ids in its vocabulary.
-    check_token_ids({9: 1.0}, 4) raises: 'logit_bias token id 9 is outside the vocabulary (0..3)'."""
-    too_big = [t for t in bias if t >= vocab_size]
-    if too_big:
-        raise InvalidParameter("logit_bias", f"logit_bias token id {too_big[0]} is outside the "
-                               f"vocabulary (0..{vocab_size - 1})")
-
-
-@dataclass
-class History:
-    """Tokens seen so far, for penalties: the prompt and what was generated (as counts)."""
-
-    prompt: torch.Tensor  # (T,) long
-    generated_counts: torch.Tensor  # (vocab,) float: how often each token was generated
-
-    @classmethod
-    def start(cls, prompt_ids: Sequence[int], vocab_size: int, device="cpu") -> History:
-        return cls(torch.tensor(list(prompt_ids), dtype=torch.long, device=device),
-                   torch.zeros(vocab_size, device=device))
-
-    def add(self, token_id: int) -> None:
-        self.generated_counts[token_id] += 1
-
-    def seen_mask(self) -> torch.Tensor:
-        """(vocab,) bool: in the prompt or generated."""
-        seen = self.generated_counts > 0
-        seen[self.prompt[self.prompt < seen.shape[0]]] = True
-        return seen
-
-
 @dataclass
 class StageRecord:
     """What one stage left: how many tokens survive, and the top of the distribution after it."""
@@ -111,121 +94,6 @@ class StageRecord:
     top_ids: list[int]
     top_probs: list[float]
     cut: list[int] = field(default_factory=list)  # which of the model's top 20 this stage cut
-
-
-# ---------------------------------------------------------------------------------------------
-# Stages. Each: __call__(logits (vocab,), history) -> logits (vocab,). `name` labels records.
-
-
-class Penalties:
-    name = "penalties"
-
-    def __init__(self, repetition: float, presence: float, frequency: float):
-        self.repetition, self.presence, self.frequency = repetition, presence, frequency
-
-    def __call__(self, logits: torch.Tensor, history: History) -> torch.Tensor:
-        if self.repetition != 1.0:
-            seen = history.seen_mask()
-            scaled = torch.where(logits > 0, logits / self.repetition, logits * self.repetition)
-            logits = torch.where(seen, scaled, logits)
-        counts = history.generated_counts
-        if self.frequency:
-            logits = logits - self.frequency * counts
-        if self.presence:
-            logits = logits - self.presence * (counts > 0).to(logits.dtype)
-        return logits
-
-
-class LogitBias:
-    name = "logit_bias"
-
-    def __init__(self, bias: dict[int, float], vocab_size: int):
-        check_token_ids(bias, vocab_size)
-        self.ids = torch.tensor(list(bias), dtype=torch.long)
-        self.values = torch.tensor(list(bias.values()), dtype=torch.float32)
-
-    def __call__(self, logits: torch.Tensor, history: History) -> torch.Tensor:
-        logits = logits.clone()
-        logits[self.ids.to(logits.device)] += self.values.to(logits.device, logits.dtype)
-        return logits
-
-
-class TopK:
-    """Keep the k highest logits (ties with the k-th are kept, as in HF)."""
-
-    name = "top_k"
-
-    def __init__(self, k: int):
-        self.k = k
-
-    def __call__(self, logits: torch.Tensor, history: History) -> torch.Tensor:
-        if self.k >= logits.shape[-1]:
-            return logits
-        kth = torch.topk(logits, self.k).values[-1]
-        return logits.masked_fill(logits < kth, NEG_INF)
-
-
-class TopP:
-    """Nucleus: keep the most likely tokens whose probabilities reach p together.
-
-    TopP(0.3) on probabilities [0.9, 0, 0, 0.1] keeps only token 0.
-    """
-
-    name = "top_p"
-
-    def __init__(self, p: float):
-        self.p = p
-
-    def __call__(self, logits: torch.Tensor, history: History) -> torch.Tensor:
-        """HF's rule (sort ascending, drop the tail whose cumulative probability is <= 1 - p, never
-        the most likely token), sorting only what is left: after top_k that is k tokens, not the
-        vocabulary (a full sort of 49k floats takes torch 2.6 ms, of Qwen's 152k 10 ms)."""
-        alive = (logits > NEG_INF).nonzero()[:, 0]
-        if alive.numel() <= 1:
-            return logits
-        if alive.numel() == logits.shape[-1]:
-            return self._whole(logits)
-        sorted_logits, order = torch.sort(logits[alive], descending=False)
-        remove = sorted_logits.softmax(-1).cumsum(-1) <= 1 - self.p  # ascending: the tail first
-        remove[-1] = False
-        return logits.index_fill(0, alive[order[remove]], NEG_INF)
-
-    def _whole(self, logits: torch.Tensor) -> torch.Tensor:
-        """Every token alive: the cut is a probability, found by sorting values only (numpy's
-        vectorised sort, ~0.1 ms for 49k), so no token order is needed."""
-        probs = logits.softmax(-1)
-        if probs.device.type != "cpu":
-            sorted_probs = torch.sort(probs).values
-        else:
-            sorted_probs = torch.from_numpy(np.sort(probs.numpy()))
-        cut = int((sorted_probs.cumsum(-1) <= 1 - self.p).sum())  # how many of the tail go
-        if cut == 0:
-            return logits
-        kept_min = sorted_probs[min(cut, probs.shape[-1] - 1)]
-        return logits.masked_fill(probs < kept_min, NEG_INF)
-
-
-class MinP:
-    """Keep tokens at least min_p times as likely as the most likely one."""
-
-    name = "min_p"
-
-    def __init__(self, p: float):
-        self.p = p
-
-    def __call__(self, logits: torch.Tensor, history: History) -> torch.Tensor:
-        probs = logits.softmax(-1)
-        return logits.masked_fill(probs < self.p * probs.max(), NEG_INF)
-
-
-class Temperature:
-    name = "temperature"
-
-    def __init__(self, t: float):
-        self.t = t
-
-    def __call__(self, logits: torch.Tensor, history: History) -> torch.Tensor:
-        return logits / self.t
 
 
 class Uniforms:
@@ -244,20 +112,62 @@ class Uniforms:
         return float(torch.rand((), generator=self.generator))
 
 
+class Greedy:
+    """The selector of a chain at temperature 0: the most likely token, no draw."""
+
+    name = "greedy"
+
+    def select(self, logits: torch.Tensor, u: float | None = None) -> tuple[int, float | None]:
+        return int(torch.argmax(logits)), None
+
+
+class Draw:
+    """The selector of a sampling chain: an inverse-CDF draw (pick) with u, by default the next
+    number of its seeded stream."""
+
+    name = "dist"
+
+    def __init__(self, uniforms: Uniforms):
+        self.uniforms = uniforms
+
+    def select(self, logits: torch.Tensor, u: float | None = None) -> tuple[int, float | None]:
+        if u is None:
+            u = self.uniforms.next()
+        elif not 0 <= u < 1:
+            raise ValueError(f"a draw must be in [0, 1), got {u!r}")
+        return pick(logits, u), u
+
+
+@dataclass
+class Sample:
+    """What the chain chose: the token, the final logits (vocab,) it was chosen from, the uniform u
+    of the draw (None when greedy) and, when asked, a StageRecord for the raw logits and after each
+    stage."""
+
+    token_id: int
+    logits: torch.Tensor
+    draw: float | None
+    stages: list[StageRecord] | None = None
+    seconds: float = 0.0  # the chain's time: its stages and the selection
+
+
 class SamplerChain:
-    """Stages in order, run like one stage: chain(logits) -> logits, over the penalty history the
-    chain holds (the prompt, then each token it is told about with `accept`); `sample` adds the
-    final draw."""
+    """Stages in order, itself a stage (apply runs them all, accept tells them all), ending in its
+    selector (Greedy or Draw); `sample` is apply then select."""
 
     name = "chain"
 
-    def __init__(self, stages: Sequence, *, greedy: bool, history: History, uniforms: Uniforms, constraint=None):
-        self.stages, self.greedy, self.history, self.uniforms = list(stages), greedy, history, uniforms
-        self.constraint = constraint  # the grammar stage (grammar.Constraint), also told each token
+    def __init__(self, stages: Sequence[Stage], selector: Greedy | Draw):
+        self.stages, self.selector = list(stages), selector
+
+    @property
+    def greedy(self) -> bool:
+        return isinstance(self.selector, Greedy)
 
     @classmethod
     def from_params(cls, params: SamplingParams, vocab_size: int, prompt_ids: Sequence[int] = (),
-                    device="cpu", *, uniforms: Uniforms | None = None, constraint=None) -> SamplerChain:
+                    device="cpu", *, uniforms: Uniforms | None = None, constraint: Stage | None = None
+                    ) -> SamplerChain:
         """Only the stages whose settings are not neutral are built (zero cost for the rest).
         uniforms: the stream draws come from (default: a new one seeded with params.seed).
         constraint: a grammar.Constraint, run first ("grammar"): the other stages only ever see
@@ -273,7 +183,8 @@ class SamplerChain:
             "temperature": drawing and p.temperature != 1,
         }
         make = {
-            "penalties": lambda: Penalties(p.repetition_penalty, p.presence_penalty, p.frequency_penalty),
+            "penalties": lambda: Penalties(p.repetition_penalty, p.presence_penalty, p.frequency_penalty,
+                                           History.start(prompt_ids, vocab_size, device)),
             "logit_bias": lambda: LogitBias(p.logit_bias, vocab_size),
             "top_k": lambda: TopK(p.top_k),
             "top_p": lambda: TopP(p.top_p),
@@ -283,48 +194,43 @@ class SamplerChain:
         stages = [make[name]() for name in p.order if wanted[name]]
         if constraint is not None:
             stages.insert(0, constraint)
-        return cls(stages, greedy=not drawing, history=History.start(prompt_ids, vocab_size, device),
-                   uniforms=Uniforms(p.seed) if uniforms is None else uniforms, constraint=constraint)
+        selector = Draw(Uniforms(p.seed) if uniforms is None else uniforms) if drawing else Greedy()
+        return cls(stages, selector)
 
     def accept(self, token_id: int) -> None:
-        """Tell the chain the token that was chosen (it counts for the penalties from now on, and
-        advances the grammar)."""
-        self.history.add(token_id)
-        if self.constraint is not None:
-            self.constraint.accept(token_id)
+        """Tell every stage the token that was chosen (the penalties count it from now on, the
+        grammar advances)."""
+        for stage in self.stages:
+            stage.accept(token_id)
 
-    def __call__(self, logits: torch.Tensor, record: list | None = None) -> torch.Tensor:
-        """Every stage in turn over the chain's history; record: a list to append a StageRecord to
-        for the raw logits and after each stage."""
-        history = self.history
-        if record is None:
-            for stage in self.stages:
-                logits = stage(logits, history)
-            return logits
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """Every stage in turn."""
+        for stage in self.stages:
+            logits = stage.apply(logits)
+        return logits
+
+    def recorded(self, logits: torch.Tensor) -> tuple[torch.Tensor, list[StageRecord]]:
+        """apply, and a StageRecord of the raw logits and after each stage (which of the raw top
+        tokens each stage cut)."""
         raw = _record("raw", logits)
-        record.append(raw)
+        records = [raw]
         watched = torch.tensor(raw.top_ids, dtype=torch.long, device=logits.device)
         for stage in self.stages:
             alive = logits[watched] > NEG_INF
-            logits = stage(logits, history)
+            logits = stage.apply(logits)
             cut = watched[alive & (logits[watched] == NEG_INF)]
-            record.append(_record(stage.name, logits, cut.tolist()))
-        return logits
+            records.append(_record(stage.name, logits, cut.tolist()))
+        return logits, records
 
-    def sample(self, logits: torch.Tensor, record: list | None = None, u: float | None = None
-               ) -> tuple[int, torch.Tensor, float | None]:
-        """(token id, final logits, the uniform u used or None when greedy). u: the draw to use
-        instead of the next one of the chain's stream (the explainer's stored draw of a node).
-        The token is not accepted: the caller accepts the token it keeps."""
+    def sample(self, logits: torch.Tensor, *, record: bool = False, u: float | None = None) -> Sample:
+        """The chosen token of logits (vocab,). u: the draw to use instead of the next one of the
+        stream (the explainer's stored draw of a node; ignored when greedy). record: keep each
+        stage's StageRecord. The token is not accepted: the caller accepts the token it keeps."""
+        start = time.perf_counter()
         check_logits(logits)
-        final = self(logits.float(), record)
-        if self.greedy:
-            return int(torch.argmax(final)), final, None
-        if u is None:
-            u = self.uniforms.next()
-        elif not 0 <= u < 1:
-            raise ValueError(f"a draw must be in [0, 1), got {u!r}")
-        return pick(final, u), final, u
+        final, stages = self.recorded(logits.float()) if record else (self.apply(logits.float()), None)
+        token, used = self.selector.select(final, u)
+        return Sample(token, final, used, stages, time.perf_counter() - start)
 
 
 def pick(logits: torch.Tensor, u: float) -> int:

@@ -16,6 +16,7 @@ is made by generate.build_step.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ import torch
 
 from nexttok.errors import InvalidParameter
 from nexttok.generation.loop import Step, build_step, context_window, prompt_ids_for
-from nexttok.generation.sampling import SamplerChain, SamplingParams, StageRecord, Uniforms
+from nexttok.generation.sampling import Sample, SamplerChain, SamplingParams, Uniforms
 from nexttok.lesson import sections as lesson
 from nexttok.models import Model
 from nexttok.models.attention import AttentionCapture
@@ -56,17 +57,6 @@ class Forward:
     seconds: float
     prefill: bool
     cached: bool = True  # the KV cache was used (False: the whole sequence went through the model again)
-
-
-@dataclass
-class Sampled:
-    """One run of the sampler chain on a node's logits."""
-
-    token_id: int  # what the chain picked (a branch may continue with another token)
-    final: torch.Tensor  # (vocab,) logits after the chain
-    draw: float | None  # u, or None when greedy
-    stages: list[StageRecord]
-    seconds: float
 
 
 class ExplainSession:
@@ -175,9 +165,10 @@ class ExplainSession:
 
     # -- sampling ----------------------------------------------------------------------------
 
-    def _sample(self, params: SamplingParams, node: Node, forward: Forward) -> Sampled:
+    def _sample(self, params: SamplingParams, node: Node, forward: Forward) -> Sample:
         """The sampler chain of `params` on the node's logits, as Generation runs it: the chain
-        starts from the prompt, accepts the node's path, and draws with the node's u."""
+        starts from the prompt, accepts the node's path, and draws with the node's u (its seconds
+        count the chain's building too)."""
         start = time.perf_counter()
         chain = SamplerChain.from_params(params, self.model.config.vocab_size, self.prompt_ids,
                                          forward.logits.device, uniforms=self.uniforms)
@@ -185,9 +176,8 @@ class ExplainSession:
             chain.accept(token)
         if not chain.greedy and node.draw is None:
             node.draw = self.uniforms.next()
-        stages: list[StageRecord] = []
-        token, final, u = chain.sample(forward.logits, stages, None if chain.greedy else node.draw)
-        return Sampled(token, final, u, stages, time.perf_counter() - start)
+        chosen = chain.sample(forward.logits, record=True, u=node.draw)
+        return dataclasses.replace(chosen, seconds=time.perf_counter() - start)
 
     def step(self, params: SamplingParams, node_id: int | None = None, token_id: int | None = None,
              top_n: int = 10, use_cache: bool = True) -> dict:
@@ -233,16 +223,16 @@ class ExplainSession:
         return {"node": node.id, "step": self._step(node, sampled.token_id, forward, sampled, top_n),
                 **self._table(forward, sampled, top_n)}
 
-    def _step(self, node: Node, token_id: int, forward: Forward, sampled: Sampled, top_n: int) -> Step:
-        return build_step(self.tokenizer, token_id, forward.logits, sampled.final, sampled.draw, index=node.depth,
+    def _step(self, node: Node, token_id: int, forward: Forward, sampled: Sample, top_n: int) -> Step:
+        return build_step(self.tokenizer, token_id, forward.logits, sampled.logits, sampled.draw, index=node.depth,
                           elapsed=forward.seconds + sampled.seconds, prefill=forward.prefill,
                           stages=sampled.stages, top_n=top_n)
 
-    def _table(self, forward: Forward, sampled: Sampled, n: int) -> dict:
+    def _table(self, forward: Forward, sampled: Sample, n: int) -> dict:
         """rows: the model's n most likely tokens, raw logit and probability before (p) and after
         (q) the chain; rest: everything else — the tokens outside the top n and the probability
         they share, before and after the chain, and how many tokens the chain left a chance."""
-        p, q = forward.logits.softmax(-1), sampled.final.softmax(-1)
+        p, q = forward.logits.softmax(-1), sampled.logits.softmax(-1)
         top = torch.topk(p, min(n, p.shape[-1])).indices
         rows = [{"id": i, "text": self._text(i), "logit": float(forward.logits[i]), "p": float(p[i]), "q": float(q[i])}
                 for i in top.tolist()]
