@@ -20,7 +20,7 @@ from pathlib import Path
 from rich.console import Console
 
 from nexttok.checkpoints.bundled import DEFAULT_MODEL
-from nexttok.cli import common
+from nexttok.cli import common, traces
 from nexttok.errors import InvalidParameter
 
 PROMPT, MORE = ">>> ", "... "
@@ -134,6 +134,7 @@ class ChatSession:
             raise ValueError(f"{name} has no chat template (none in its tokenizer_config.json, "
                              "chat_template.jinja or GGUF metadata); `nexttok run` completes plain text")
         self.model, self.tokenizer, self.name, self.out = checkpoint.model, checkpoint.tokenizer, name, out
+        self.checkpoint, self.trace, self.replies = checkpoint, args.trace, 0  # --trace FILE: FILE-1.jsonl, ...
         self.err = Console(stderr=True, soft_wrap=True)
         self.chat = Conversation(checkpoint.chat_template, checkpoint.tokenizer, args.system or None)
         self.context = context_window(self.model.config, args.context)
@@ -218,11 +219,15 @@ class ChatSession:
         from nexttok.generation.loop import stream
         from nexttok.generation.sampling import SamplingParams
 
-        steps = stream(self.model, self.tokenizer, ids, SamplingParams(**self.sampling),
-                       max_tokens=self.max_tokens, stop_token_ids=self.stop_ids)
+        params = SamplingParams(**self.sampling)
+        steps = stream(self.model, self.tokenizer, ids, params, max_tokens=self.max_tokens,
+                       stop_token_ids=self.stop_ids, top_n=traces.TOP_N)
+        trace = self._trace(ids, params)
         parts, finish = [], None
         try:
             for step in steps:
+                if trace is not None:
+                    trace.step(step)
                 sys.stdout.write(printable(step.text))
                 sys.stdout.flush()
                 parts.append(step.text)
@@ -230,9 +235,23 @@ class ChatSession:
         except KeyboardInterrupt:
             steps.close()
             finish = "interrupted"
+        finally:
+            if trace is not None:
+                trace.close()  # an interrupted reply's trace has no end line: it did not finish
         sys.stdout.write("\n")
         sys.stdout.flush()
         return "".join(parts), len(parts), finish
+
+    def _trace(self, ids: list[int], params):
+        """The trace of the next reply (--trace chat.jsonl: chat-1.jsonl, chat-2.jsonl, ...), or None."""
+        if not self.trace:
+            return None
+        self.replies += 1
+        path = Path(self.trace)
+        path = path.with_name(f"{path.stem}-{self.replies}{path.suffix or '.jsonl'}")
+        return traces.writer(str(path), traces.header(self.checkpoint, self.name, None, ids, params,
+                                                      max_tokens=self.max_tokens, stop=[],
+                                                      stop_token_ids=self.stop_ids))
 
     def set(self, rest: str) -> None:
         from nexttok.generation.sampling import SamplingParams
@@ -323,6 +342,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--min-p", type=float, default=common.CLI_SAMPLING["min_p"], help="(default %(default)s)")
     p.add_argument("--repetition-penalty", type=float, default=common.CLI_SAMPLING["repetition_penalty"])
     p.add_argument("--seed", type=int, default=None, help="same seed, same answers")
+    p.add_argument("--trace", metavar="FILE", default=None,
+                   help="record each reply as a trace: FILE-1.jsonl, FILE-2.jsonl, ... (nexttok replay / diff)")
     p.add_argument("--dtype", default=None, help=common.DTYPE_HELP)
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     p.add_argument("--compile", action="store_true", help=common.COMPILE_HELP)

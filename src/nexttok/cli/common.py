@@ -59,18 +59,22 @@ def model_and_prompt(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def load(model: str, args: argparse.Namespace):
-    """Model and tokenizer; with --tensor-parallel N > 1 the model is split over N ranks (rank 0
+    """Model and tokenizer (of load_checkpoint)."""
+    checkpoint = load_checkpoint(model, args)
+    return checkpoint.model, checkpoint.tokenizer
+
+
+def load_checkpoint(model: str, args: argparse.Namespace):
+    """The checkpoint; with --tensor-parallel N > 1 the model is split over N ranks (rank 0
     returns; any other rank, under torchrun, follows rank 0 and exits inside this call)."""
     if getattr(args, "tensor_parallel", 1) != 1:  # load_parallel checks N
         from nexttok.parallel.model import load_parallel
 
-        checkpoint = load_parallel(model, world=args.tensor_parallel, dtype=args.dtype, device=args.device,
-                                   compile=args.compile, timeout=args.tp_timeout)
-    else:
-        from nexttok.checkpoints.loading import load_checkpoint
+        return load_parallel(model, world=args.tensor_parallel, dtype=args.dtype, device=args.device,
+                             compile=args.compile, timeout=args.tp_timeout)
+    from nexttok.checkpoints.loading import load_checkpoint as load_one
 
-        checkpoint = load_checkpoint(model, dtype=args.dtype, device=args.device, compile=args.compile)
-    return checkpoint.model, checkpoint.tokenizer
+    return load_one(model, dtype=args.dtype, device=args.device, compile=args.compile)
 
 
 def add_parallel_args(p: argparse.ArgumentParser) -> None:

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from nexttok.checkpoints.sources import load_tokenizer
-from nexttok.cli import common
+from nexttok.cli import common, traces
 from nexttok.tokenizers.tokenizer import Piece
 
 
@@ -56,13 +56,14 @@ def _step_record(step) -> dict:
 
 
 def cmd_run(args: argparse.Namespace, out: Console) -> int:
-    from nexttok.generation.loop import stream
+    from nexttok.generation.loop import prompt_ids_for, stream
 
     name, prompt = common.model_and_prompt(args)
     params = common.sampling_params(args)  # checked before the model loads
     stops = common.stop_strings(args)
     schema = _output_schema(args)
-    model, tokenizer = common.load(name, args)
+    checkpoint = common.load_checkpoint(name, args)
+    model, tokenizer = checkpoint.model, checkpoint.tokenizer
     err = Console(stderr=True)
     constraint = None
     if schema is not None:
@@ -71,19 +72,30 @@ def cmd_run(args: argparse.Namespace, out: Console) -> int:
         config = model.config
         constraint = Constraint.json_schema(tokenizer, config.vocab_size, schema, config.eos_token_id,
                                             "--json-schema" if args.json_schema else "--format")
-    steps = stream(model, tokenizer, prompt, params, max_tokens=args.max_tokens, stop=stops,
-                   use_cache=not args.no_cache, constraint=constraint)
+    ids = prompt_ids_for(model, tokenizer, prompt)
+    trace = traces.writer(args.trace, traces.header(
+        checkpoint, name, prompt, ids, params, max_tokens=args.max_tokens, stop=stops,
+        stop_token_ids=model.config.eos_token_id, use_cache=not args.no_cache,
+        grammar=traces.grammar_record(schema))) if args.trace else None
+    steps = stream(model, tokenizer, ids, params, max_tokens=args.max_tokens, stop=stops,
+                   use_cache=not args.no_cache, constraint=constraint, top_n=traces.TOP_N)
     prefill = decode = 0.0
     count, finish = 0, None
-    for step in steps:
-        if args.json:
-            print(json.dumps(_step_record(step), ensure_ascii=False), flush=True)
-        else:
-            sys.stdout.write(step.text)
-            sys.stdout.flush()
-        prefill += step.elapsed if step.prefill else 0.0
-        decode += 0.0 if step.prefill else step.elapsed
-        count, finish = count + 1, step.finish_reason
+    try:
+        for step in steps:
+            if trace is not None:
+                trace.step(step)
+            if args.json:
+                print(json.dumps(_step_record(step), ensure_ascii=False), flush=True)
+            else:
+                sys.stdout.write(step.text)
+                sys.stdout.flush()
+            prefill += step.elapsed if step.prefill else 0.0
+            decode += 0.0 if step.prefill else step.elapsed
+            count, finish = count + 1, step.finish_reason
+    finally:
+        if trace is not None:
+            trace.close()
     if not args.json:
         sys.stdout.write("\n")
         sys.stdout.flush()
@@ -131,6 +143,8 @@ def add_parsers(sub) -> None:
                      help="constrain the output to JSON that validates against this schema (a grammar stage)")
     run.add_argument("--format", choices=["json"], default=None,
                      help="json: constrain the output to a JSON object (as `ollama run --format json`)")
+    run.add_argument("--trace", metavar="FILE", default=None,
+                     help="record the generation as a trace (JSON Lines): nexttok replay / diff read it")
     run.add_argument("--no-cache", action="store_true",
                      help="recompute the whole context every step (shows what the KV cache saves)")
     common.add_parallel_args(run)
