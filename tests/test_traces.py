@@ -256,3 +256,51 @@ def test_chat_traces_each_reply_and_replays_it(chat_model_dir, tmp_path, capsys)
     capsys.readouterr()
     assert main(["replay", str(tmp_path / "chat-2.jsonl")]) == 0
     assert "6 steps replayed; largest logprob change 0.00e+00" in capsys.readouterr().err
+
+
+def test_the_server_returns_traces_only_when_asked(client, server, served, tmp_path):
+    """Through the official client: extra_body {"nexttok": {"trace": true}} adds `trace` (a choice's
+    trace lines, which replay exactly); without it the response has OpenAI's fields only."""
+    import httpx
+
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "temperature": 0}
+    plain = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60).json()
+    assert "trace" not in plain
+    answer = client.chat.completions.create(**body, n=2, extra_body={"nexttok": {"trace": True}})
+    trace = answer.model_extra["trace"]
+    assert trace["format"] == "nexttok-trace" and [c["index"] for c in trace["choices"]] == [0, 1]
+    lines = trace["choices"][0]["lines"]
+    path = tmp_path / "served.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    read = read_trace(path)
+    assert read.text == answer.choices[0].message.content and read.header["model"]["name"] == "tiny"
+    assert read.header["model"]["sha256"] == checkpoint_sha256(served.path)
+    assert read.prompt_ids == served.tokenizer.encode(served.chat_template.render(body["messages"]))
+    assert main(["replay", str(path)]) == 0
+    # the server decodes both choices as one batch (its slot cache, ragged attention): the same
+    # tokens, logprobs to float32's last bits
+    assert replay(served.model, read).max_delta < 1e-5
+
+
+def test_a_streamed_trace_is_the_last_event(client):
+    stream = client.completions.create(model="tiny", prompt="Once upon", max_tokens=6, temperature=0, stream=True,
+                                       extra_body={"nexttok": {"trace": True}})
+    chunks = list(stream)
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    last = chunks[-1].model_extra["trace"]["choices"][0]["lines"]
+    assert chunks[-1].choices == [] and last[-1]["type"] == "end" and last[-1]["text"] == text
+    assert len(last) == 8 and [line["type"] for line in last] == ["header", *["step"] * 6, "end"]
+
+
+def test_a_trace_of_nothing_generated_is_refused(client):
+    import openai
+
+    with pytest.raises(openai.BadRequestError, match="nexttok.trace: with max_tokens 0 nothing is generated"):
+        client.completions.create(model="tiny", prompt="Once upon", max_tokens=0, echo=True, logprobs=1,
+                                  extra_body={"nexttok": {"trace": True}})
+    with pytest.raises(openai.BadRequestError, match="nexttok.trace: best_of drops choices"):
+        client.completions.create(model="tiny", prompt="Once upon", max_tokens=4, best_of=2,
+                                  extra_body={"nexttok": {"trace": True}})
+    with pytest.raises(openai.BadRequestError, match="Invalid value for nexttok: Input should be a valid boolean"):
+        client.completions.create(model="tiny", prompt="Once upon", max_tokens=4,
+                                  extra_body={"nexttok": {"trace": "yes"}})

@@ -94,7 +94,8 @@ def _load_parallel(source: str, name: str | None, args: argparse.Namespace):
     checkpoint = load_parallel(source, world=args.tensor_parallel, dtype=args.dtype, device=args.device,
                                compile=args.compile, timeout=args.tp_timeout)
     default_name = Path(source).name if Path(source).exists() else str(source)
-    return ServedModel(name or default_name, checkpoint.model, checkpoint.tokenizer, checkpoint.chat_template)
+    return ServedModel(name or default_name, checkpoint.model, checkpoint.tokenizer, checkpoint.chat_template,
+                       path=checkpoint.path)
 
 
 def _attach_parallel(served):

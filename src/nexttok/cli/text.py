@@ -57,6 +57,7 @@ def _step_record(step) -> dict:
 
 def cmd_run(args: argparse.Namespace, out: Console) -> int:
     from nexttok.generation.loop import prompt_ids_for, stream
+    from nexttok.generation.trace import grammar_record
 
     name, prompt = common.model_and_prompt(args)
     params = common.sampling_params(args)  # checked before the model loads
@@ -76,7 +77,7 @@ def cmd_run(args: argparse.Namespace, out: Console) -> int:
     trace = traces.writer(args.trace, traces.header(
         checkpoint, name, prompt, ids, params, max_tokens=args.max_tokens, stop=stops,
         stop_token_ids=model.config.eos_token_id, use_cache=not args.no_cache,
-        grammar=traces.grammar_record(schema))) if args.trace else None
+        grammar=grammar_record(schema))) if args.trace else None
     steps = stream(model, tokenizer, ids, params, max_tokens=args.max_tokens, stop=stops,
                    use_cache=not args.no_cache, constraint=constraint, top_n=traces.TOP_N)
     prefill = decode = 0.0

@@ -16,12 +16,6 @@ TOP_N = 5  # alternatives a trace keeps per step
 FLIP_THRESHOLD = 0.05  # nats: a changed top-1 with a smaller margin is a near tie
 
 
-def grammar_record(schema: dict | None) -> dict | None:
-    if schema is None:
-        return None
-    return {"kind": "json_object" if schema == {"type": "object"} else "json_schema", "schema": schema}
-
-
 def header(checkpoint, name: str, prompt_text: str | None, ids: list[int], params, *, max_tokens, stop,
            stop_token_ids, use_cache: bool = True, grammar: dict | None = None) -> dict:
     from nexttok.checkpoints.identity import checkpoint_sha256

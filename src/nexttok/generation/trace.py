@@ -63,6 +63,14 @@ def trace_header(model, *, name: str, path: Path, sha256: str, prompt_text: str 
             "grammar": grammar, "top_n": top_n}
 
 
+def grammar_record(schema: dict | None) -> dict | None:
+    """The header's grammar: the JSON schema a constrained run followed ({"type": "object"}: any
+    object, OpenAI's json_object), or None."""
+    if schema is None:
+        return None
+    return {"kind": "json_object" if schema == {"type": "object"} else "json_schema", "schema": schema}
+
+
 def sampling_record(params: SamplingParams) -> dict:
     return {"temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p, "min_p": params.min_p,
             "repetition_penalty": params.repetition_penalty, "presence_penalty": params.presence_penalty,

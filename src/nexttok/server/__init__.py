@@ -81,4 +81,5 @@ def load_served(source: str, name: str | None = None, *, dtype=None, device=None
     checkpoint = load_checkpoint(source, dtype=dtype, device=device, compile=compile)
     path = Path(source)
     default_name = path.name if path.exists() else str(source)
-    return ServedModel(name or default_name, checkpoint.model, checkpoint.tokenizer, checkpoint.chat_template)
+    return ServedModel(name or default_name, checkpoint.model, checkpoint.tokenizer, checkpoint.chat_template,
+                       path=checkpoint.path)

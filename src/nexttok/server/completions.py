@@ -20,6 +20,7 @@ from nexttok.server.responses import ChatFormat, CompletionFormat, ResponseForma
 from nexttok.server.schemas import ChatRequest, CompletionRequest, OutputFormat, SamplingFields
 from nexttok.server.scoring import best_choices, fim_ids, prompt_text, score_prompts
 from nexttok.server.streaming import Run, close, respond
+from nexttok.server.traces import tracer
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_CHOICES = 64  # prompts × n (or best_of) in one request: the scheduler's default waiting line
@@ -99,8 +100,11 @@ async def _complete(served: ServedModel, body: CompletionRequest):
     fmt = CompletionFormat(served.name, served.tokenizer, logprobs=body.logprobs is not None,
                            top_logprobs=body.logprobs or 0, echo=body.echo, prompt_logprobs=body.prompt_logprobs)
     if max_tokens == 0:
+        _no_trace(body, "with max_tokens 0 nothing is generated to trace")
         return await score_prompts(served, body, prompts, plan, fmt)
     best_of = _best_of(body)
+    if best_of > body.n:
+        _no_trace(body, "best_of drops choices: a trace records every generated one; ask n instead")
     if len(prompts) * best_of > MAX_CHOICES:
         raise InvalidParameter("prompt", f"{len(prompts)} prompts × {best_of} choices is more than the "
                                f"{MAX_CHOICES} choices one request may ask for")
@@ -113,7 +117,7 @@ async def _complete(served: ServedModel, body: CompletionRequest):
             runs.append(Run(ids, i * best_of + k, served.scheduler.submit(generation), k == 0))
     if best_of > body.n:
         return await best_choices(runs, fmt, body.n, best_of)
-    return await _answer(body, runs, fmt)
+    return await _answer(body, runs, fmt, plan, served)
 
 
 async def _chat(served: ServedModel, body: ChatRequest):
@@ -163,15 +167,25 @@ async def _respond(served: ServedModel, body: SamplingFields, jobs: Sequence[tup
     index = prompt number × n + choice of that prompt."""
     runs = [Run(ids, index, served.scheduler.submit(plan.generation(served, ids, index)), index % body.n == 0)
             for ids, index in jobs]
-    return await _answer(body, runs, fmt)
+    return await _answer(body, runs, fmt, plan, served)
 
 
-async def _answer(body: SamplingFields, runs: list[Run], fmt: ResponseFormat):
-    if body.stream_options is not None and not body.stream:
+async def _answer(body: SamplingFields, runs: list[Run], fmt: ResponseFormat, plan: GenerationPlan,
+                  served: ServedModel):
+    try:
+        if body.stream_options is not None and not body.stream:
+            raise InvalidParameter("stream_options", "stream_options is only allowed when stream is true")
+        trace = tracer(served, plan, bool(body.nexttok and body.nexttok.trace))
+    except Exception:
         await close(runs)
-        raise InvalidParameter("stream_options", "stream_options is only allowed when stream is true")
+        raise
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return await respond(runs, fmt, stream=body.stream, include_usage=include_usage)
+    return await respond(runs, fmt, stream=body.stream, include_usage=include_usage, trace=trace)
+
+
+def _no_trace(body: SamplingFields, why: str) -> None:
+    if body.nexttok is not None and body.nexttok.trace:
+        raise InvalidParameter("nexttok", f"nexttok.trace: {why}")
 
 
 def _prompt_top_n(body: CompletionRequest) -> int | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from nexttok.generation.loop import context_window
 from nexttok.models import Model
@@ -22,6 +23,7 @@ class ServedModel:
     chat_template: ChatTemplate | None
     created: int = field(default_factory=lambda: int(time.time()))
     scheduler: Scheduler | None = None  # started by create_app
+    path: Path | None = None  # the checkpoint it was loaded from (a trace names it by its sha256)
 
     @property
     def context_length(self) -> int:

@@ -53,6 +53,13 @@ class OutputFormat(Strict):
     json_schema: JsonSchemaFormat | None = None
 
 
+class NexttokOptions(Strict):
+    """nexttok's own request options, apart from OpenAI's fields."""
+
+    trace: bool = Field(False, description="return each choice's trace (the lines of a `nexttok run --trace` "
+                                           "file) as `trace`, or as the last event of a stream")
+
+
 class SamplingFields(Strict):
     """Fields both generation routes take (OpenAI's, plus vLLM's top_k / min_p / repetition_penalty)."""
 
@@ -74,6 +81,7 @@ class SamplingFields(Strict):
     stream_options: StreamOptions | None = None
     user: str | None = Field(None, description="accepted, ignored")
     response_format: OutputFormat | None = None
+    nexttok: NexttokOptions | None = Field(None, description='nexttok\'s own options: {"trace": true}')
 
 
 class CompletionRequest(SamplingFields):

@@ -13,6 +13,7 @@ from fastapi.responses import StreamingResponse
 from nexttok.generation.loop import Step
 from nexttok.server.responses import ResponseFormat, Usage
 from nexttok.server.scheduler import GenerationFailed, RequestTimeout, ShuttingDown
+from nexttok.server.traces import Tracer, traces
 
 
 @dataclass
@@ -30,17 +31,18 @@ class Run:
         return len(self.ids) if self.counts_prompt else 0
 
 
-async def respond(runs: list[Run], fmt: ResponseFormat, *, stream: bool,
-                  include_usage: bool) -> dict | StreamingResponse:
-    """Wait for the first step (errors before it become a 4xx/5xx response), then answer."""
+async def respond(runs: list[Run], fmt: ResponseFormat, *, stream: bool, include_usage: bool,
+                  trace: Tracer | None = None) -> dict | StreamingResponse:
+    """Wait for the first step (errors before it become a 4xx/5xx response), then answer. trace:
+    the response also carries each choice's trace (server/traces.py)."""
     first = await first_step(runs)
     if not stream:
         try:
-            return await collect(runs, first, fmt)
+            return await collect(runs, first, fmt, trace)
         except BaseException:
             await close(runs)
             raise
-    return StreamingResponse(events(runs, first, fmt, include_usage), media_type="text/event-stream",
+    return StreamingResponse(events(runs, first, fmt, include_usage, trace), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
@@ -54,7 +56,7 @@ async def first_step(runs: list[Run]) -> Step:
         raise
 
 
-async def collect(runs: list[Run], first: Step, fmt: ResponseFormat) -> dict:
+async def collect(runs: list[Run], first: Step, fmt: ResponseFormat, trace: Tracer | None = None) -> dict:
     """All choices at once; they were submitted together, so they decode in one batch."""
     collected = await asyncio.gather(*(steps_of(run, [first] if n == 0 else []) for n, run in enumerate(runs)))
     usage = Usage()
@@ -62,7 +64,11 @@ async def collect(runs: list[Run], first: Step, fmt: ResponseFormat) -> dict:
     for run, steps in zip(runs, collected, strict=True):
         choices.append(fmt.choice(run.index, steps))
         usage.add(run.prompt_tokens, len(steps))
-    return fmt.response(choices, usage)
+    response = fmt.response(choices, usage)
+    if trace is not None:
+        response["trace"] = traces([trace(run.ids, run.index, steps) for run, steps in zip(runs, collected,
+                                                                                          strict=True)])
+    return response
 
 
 async def steps_of(run: Run, first: list[Step] | None = None) -> list[Step]:
@@ -76,13 +82,18 @@ async def close(runs: list[Run]) -> None:
         await run.steps.aclose()
 
 
-async def events(runs: list[Run], first: Step, fmt: ResponseFormat, include_usage: bool) -> AsyncIterator[bytes]:
-    """The event stream: the choices one after another; an error mid-stream becomes an error event."""
+async def events(runs: list[Run], first: Step, fmt: ResponseFormat, include_usage: bool,
+                 trace: Tracer | None = None) -> AsyncIterator[bytes]:
+    """The event stream: the choices one after another; an error mid-stream becomes an error event.
+    With trace, the traces come last, after the usage chunk (a chunk with no choices, as that is)."""
     usage = Usage()
+    traced = []
     try:
         for n, run in enumerate(runs):
             count = sent = 0  # steps, and characters of text sent so far
+            steps = []
             async for step in chained([first] if n == 0 else [], run.steps):
+                steps.append(step)
                 if count == 0:  # a choice opens once its prefill is done (echo sends the prompt's scores)
                     for chunk in fmt.start_chunks(run.index):
                         yield event(chunk, include_usage)
@@ -93,8 +104,12 @@ async def events(runs: list[Run], first: Step, fmt: ResponseFormat, include_usag
                 if chunk is not None:
                     yield event(chunk, include_usage)
             usage.add(run.prompt_tokens, count)
+            if trace is not None:
+                traced.append(trace(run.ids, run.index, steps))
         if include_usage:
             yield event(fmt.usage_chunk(usage), False)
+        if trace is not None:
+            yield event({**fmt.usage_chunk(usage), "usage": None, "trace": traces(traced)}, False)
     except (ValueError, RequestTimeout, ShuttingDown, GenerationFailed) as e:  # say so, end cleanly
         kind = "timeout_error" if isinstance(e, RequestTimeout) else "server_error"
         yield event({"error": {"message": str(e), "type": kind, "param": None, "code": None}}, False)
