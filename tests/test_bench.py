@@ -25,7 +25,7 @@ def test_bench_prints_the_table(tiny_dir):
     assert result.returncode == 0, result.stderr
     out = result.stdout
     for label in ("decode tokens/s", "prefill tokens/s", "time to first token", "peak RSS", "nexttok/hf", "roofline",
-                  "KV cache vs none", "llama.cpp"):
+                  "KV cache vs none", "llama.cpp", "speculative decoding (ngram drafts)"):
         assert label in out, out
     # a Llama-architecture model: llama.cpp's column is skipped with its reason (or runs when installed)
     assert "nexttok/llama.cpp" in out or "llama.cpp: skipped (" in out

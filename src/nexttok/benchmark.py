@@ -26,10 +26,12 @@ import torch
 from nexttok.checkpoints.export import write_gguf_gpt2
 from nexttok.checkpoints.gguf.reader import GGUFError
 from nexttok.checkpoints.loading import load_checkpoint
-from nexttok.generation.loop import generate
+from nexttok.generation import prefill as prefill_module
+from nexttok.generation.loop import context_window, generate
 from nexttok.generation.parameters import LLAMA_CPP_SAMPLING
 from nexttok.generation.prefill import prefill
 from nexttok.generation.sampling import SamplingParams
+from nexttok.generation.speculative import NgramDrafter, Rounds, speculative_stream
 from nexttok.models import kernels
 from nexttok.models.cache import KVCache
 
@@ -113,12 +115,36 @@ def bench_nexttok(cfg: BenchConfig) -> dict:
     prefill = [cfg.prompt_tokens / _timed(lambda: _forward_nexttok(model, long)) for _ in range(cfg.repeat)]
     nocache = [decode_run(long, cfg.nocache_tokens, use_cache=False)[0] for _ in range(max(1, cfg.repeat - 1))]
     cached_long = [decode_run(long, cfg.nocache_tokens)[0] for _ in range(max(1, cfg.repeat - 1))]
+    spec = speculative_decode(model, tokenizer, cfg, decode_run) if cfg.tensor_parallel == 1 else {}
     compiled = {"compile_s": model.compiled.compile_seconds} if model.compiled else {}
     if cfg.tensor_parallel > 1:
         model.group.close()  # a spawned bench process runs no atexit: stop the other ranks here
     return {"decode_tps": _median(decode), "sampled_tps": _median(sampled), "prefill_tps": _median(prefill),
             "ttft_ms": 1000 * _median(ttft), "nocache_tps": _median(nocache), "cache_long_tps": _median(cached_long),
-            "weight_bytes": weight_bytes(model), **compiled}
+            "weight_bytes": weight_bytes(model), **spec, **compiled}
+
+
+def speculative_decode(model, tokenizer, cfg: BenchConfig, decode_run) -> dict:
+    """Greedy decode tokens/s on a prompt that repeats its context (a code-editing request over one
+    of this package's modules): plain, and with prompt-lookup (ngram) drafts; and the acceptance."""
+    code = Path(prefill_module.__file__).read_text(encoding="utf-8")[:2400]
+    ids = tokenizer.encode(f"Here is a Python module:\n\n{code}\n\nThe same module, unchanged:\n\n{code[:160]}",
+                           add_special=True)
+    if len(ids) + cfg.new_tokens > context_window(model.config):
+        return {}  # a model of a short context (GPT-2's tiny test models): no room for the request
+    plain = [decode_run(ids, cfg.new_tokens)[0] for _ in range(cfg.repeat)]
+    drafted, rounds = [], []
+    for _ in range(cfg.repeat):
+        counts = Rounds()
+        start = time.perf_counter()
+        steps = list(speculative_stream(model, tokenizer, ids, SamplingParams(temperature=0), NgramDrafter(),
+                                        rounds=counts, max_tokens=cfg.new_tokens, stop_token_ids=[], top_n=0))
+        first = start + steps[0].elapsed
+        drafted.append((len(steps) - 1) / (time.perf_counter() - first))
+        rounds.append(counts)
+    return {"spec_plain_tps": _median(plain), "spec_tps": _median(drafted),
+            "spec_acceptance": _median([r.acceptance for r in rounds]),
+            "spec_per_forward": _median([r.tokens_per_forward for r in rounds])}
 
 
 def bench_compiled(cfg: BenchConfig) -> dict:
@@ -281,6 +307,11 @@ def report(results: dict[str, dict | str], bandwidth_gbs: float, cfg: BenchConfi
             f"KV cache vs none after a {cfg.prompt_tokens}-token prompt: {ours['cache_long_tps']:.1f} vs "
             f"{ours['nocache_tps']:.1f} tokens/s = {ours['cache_long_tps'] / ours['nocache_tps']:.1f}x",
         ]
+        if "spec_tps" in ours:
+            lines.append(f"speculative decoding (ngram drafts) on a prompt that repeats its context: "
+                         f"{ours['spec_tps']:.1f} vs {ours['spec_plain_tps']:.1f} tokens/s plain = "
+                         f"{ours['spec_tps'] / ours['spec_plain_tps']:.2f}x; {100 * ours['spec_acceptance']:.0f}% "
+                         f"of drafts accepted, {ours['spec_per_forward']:.2f} tokens per forward pass")
     return "\n".join(lines)
 
 

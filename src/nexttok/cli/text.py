@@ -56,54 +56,113 @@ def _step_record(step) -> dict:
 
 
 def cmd_run(args: argparse.Namespace, out: Console) -> int:
-    from nexttok.generation.loop import prompt_ids_for, stream
     from nexttok.generation.trace import grammar_record
 
     name, prompt = common.model_and_prompt(args)
     params = common.sampling_params(args)  # checked before the model loads
     stops = common.stop_strings(args)
     schema = _output_schema(args)
+    if args.speculative and args.no_cache:
+        raise ValueError("--speculative verifies drafts through the KV cache: drop --no-cache")
     checkpoint = common.load_checkpoint(name, args)
     model, tokenizer = checkpoint.model, checkpoint.tokenizer
-    err = Console(stderr=True)
-    constraint = None
-    if schema is not None:
-        from nexttok.generation.grammar import Constraint
-
-        config = model.config
-        constraint = Constraint.json_schema(tokenizer, config.vocab_size, schema, config.eos_token_id,
-                                            "--json-schema" if args.json_schema else "--format")
-    ids = prompt_ids_for(model, tokenizer, prompt)
+    ids = _prompt_ids(model, tokenizer, prompt)
+    drafter = _drafter(args, checkpoint)
+    speculative = {"drafter": drafter.name, "draft_tokens": args.draft_tokens} if drafter else None
     trace = traces.writer(args.trace, traces.header(
         checkpoint, name, prompt, ids, params, max_tokens=args.max_tokens, stop=stops,
         stop_token_ids=model.config.eos_token_id, use_cache=not args.no_cache,
-        grammar=grammar_record(schema))) if args.trace else None
-    steps = stream(model, tokenizer, ids, params, max_tokens=args.max_tokens, stop=stops,
-                   use_cache=not args.no_cache, constraint=constraint, top_n=traces.TOP_N)
-    prefill = decode = 0.0
-    count, finish = 0, None
+        grammar=grammar_record(schema), speculative=speculative)) if args.trace else None
+    rounds = _rounds() if drafter else None
+    steps = _steps(args, checkpoint, ids, params, stops, _constraint(args, checkpoint, schema), drafter, rounds)
     try:
-        for step in steps:
-            if trace is not None:
-                trace.step(step)
-            if args.json:
-                print(json.dumps(_step_record(step), ensure_ascii=False), flush=True)
-            else:
-                sys.stdout.write(step.text)
-                sys.stdout.flush()
-            prefill += step.elapsed if step.prefill else 0.0
-            decode += 0.0 if step.prefill else step.elapsed
-            count, finish = count + 1, step.finish_reason
+        count, finish, prefill, decode = _print_steps(args, steps, trace)
     finally:
         if trace is not None:
             trace.close()
+    rate = f"{(count - 1) / decode:.1f} tokens/s" if decode > 0 else "n/a"
+    err = Console(stderr=True)
+    err.print(f"[dim]{count} tokens ({finish}); first token {prefill * 1000:.0f} ms; decode {rate}"
+              f"{' (no cache)' if args.no_cache else ''}[/]")
+    if rounds is not None:
+        err.print(f"[dim]speculative ({drafter.name}): {rounds.accepted} of {rounds.drafted} drafted tokens "
+                  f"accepted ({100 * rounds.acceptance:.0f}%); {rounds.tokens_per_forward:.2f} tokens per "
+                  f"forward pass of the model[/]")
+    return 0
+
+
+def _prompt_ids(model, tokenizer, prompt: str) -> list[int]:
+    from nexttok.generation.loop import prompt_ids_for
+
+    return prompt_ids_for(model, tokenizer, prompt)
+
+
+def _rounds():
+    from nexttok.generation.speculative import Rounds
+
+    return Rounds()
+
+
+def _constraint(args: argparse.Namespace, checkpoint, schema: dict | None):
+    if schema is None:
+        return None
+    from nexttok.generation.grammar import Constraint
+
+    config = checkpoint.model.config
+    return Constraint.json_schema(checkpoint.tokenizer, config.vocab_size, schema, config.eos_token_id,
+                                  "--json-schema" if args.json_schema else "--format")
+
+
+def _drafter(args: argparse.Namespace, checkpoint):
+    """--speculative ngram (prompt lookup) or a draft model of the same tokenizer; None without it."""
+    if not args.speculative:
+        return None
+    from nexttok.generation.speculative import ModelDrafter, NgramDrafter
+
+    if args.draft_tokens < 1:
+        raise ValueError(f"--draft-tokens must be >= 1, got {args.draft_tokens}")
+    if args.speculative == "ngram":
+        return NgramDrafter()
+    draft = common.load_checkpoint(args.speculative, argparse.Namespace(**{**vars(args), "tensor_parallel": 1}))
+    if draft.tokenizer.vocab != checkpoint.tokenizer.vocab or draft.model.config.vocab_size > \
+            checkpoint.model.config.vocab_size:
+        raise ValueError(f"--speculative {args.speculative}: its tokenizer is not the model's (a draft model "
+                         "must share the tokenizer)")
+    return ModelDrafter(draft.model, args.speculative)
+
+
+def _steps(args, checkpoint, ids, params, stops, constraint, drafter, rounds):
+    from nexttok.generation.loop import stream
+
+    options = dict(max_tokens=args.max_tokens, stop=stops, constraint=constraint, top_n=traces.TOP_N)
+    if drafter is None:
+        return stream(checkpoint.model, checkpoint.tokenizer, ids, params, use_cache=not args.no_cache, **options)
+    from nexttok.generation.speculative import speculative_stream
+
+    return speculative_stream(checkpoint.model, checkpoint.tokenizer, ids, params, drafter, k=args.draft_tokens,
+                              rounds=rounds, **options)
+
+
+def _print_steps(args: argparse.Namespace, steps, trace) -> tuple[int, str | None, float, float]:
+    """Each step's text (or JSON record) as it comes, into the trace too: (tokens, finish reason,
+    prefill seconds, decode seconds)."""
+    prefill = decode = 0.0
+    count, finish = 0, None
+    for step in steps:
+        if trace is not None:
+            trace.step(step)
+        if args.json:
+            print(json.dumps(_step_record(step), ensure_ascii=False), flush=True)
+        else:
+            sys.stdout.write(step.text)
+            sys.stdout.flush()
+        prefill += step.elapsed if step.prefill else 0.0
+        decode += 0.0 if step.prefill else step.elapsed
+        count, finish = count + 1, step.finish_reason
     if not args.json:
         sys.stdout.write("\n")
         sys.stdout.flush()
-    rate = f"{(count - 1) / decode:.1f} tokens/s" if decode > 0 else "n/a"
-    err.print(f"[dim]{count} tokens ({finish}); first token {prefill * 1000:.0f} ms; decode {rate}"
-              f"{' (no cache)' if args.no_cache else ''}[/]")
-    return 0
+    return count, finish, prefill, decode
 
 
 def _output_schema(args: argparse.Namespace) -> dict | None:
@@ -144,6 +203,11 @@ def add_parsers(sub) -> None:
                      help="constrain the output to JSON that validates against this schema (a grammar stage)")
     run.add_argument("--format", choices=["json"], default=None,
                      help="json: constrain the output to a JSON object (as `ollama run --format json`)")
+    run.add_argument("--speculative", metavar="ngram|MODEL", default=None,
+                     help="speculative decoding: draft by prompt lookup (ngram) or with a small model of the "
+                     "same tokenizer, verify each round in one forward pass")
+    run.add_argument("--draft-tokens", type=int, default=5, metavar="K",
+                     help="with --speculative: tokens drafted per round (default %(default)s)")
     run.add_argument("--trace", metavar="FILE", default=None,
                      help="record the generation as a trace (JSON Lines): nexttok replay / diff read it")
     run.add_argument("--no-cache", action="store_true",

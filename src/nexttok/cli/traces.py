@@ -17,13 +17,15 @@ FLIP_THRESHOLD = 0.05  # nats: a changed top-1 with a smaller margin is a near t
 
 
 def header(checkpoint, name: str, prompt_text: str | None, ids: list[int], params, *, max_tokens, stop,
-           stop_token_ids, use_cache: bool = True, grammar: dict | None = None) -> dict:
+           stop_token_ids, use_cache: bool = True, grammar: dict | None = None, speculative: dict | None = None
+           ) -> dict:
     from nexttok.checkpoints.identity import checkpoint_sha256
     from nexttok.generation.trace import trace_header
 
     return trace_header(checkpoint.model, name=name, path=checkpoint.path, sha256=checkpoint_sha256(checkpoint.path),
                         prompt_text=prompt_text, prompt_ids=ids, params=params, max_tokens=max_tokens, stop=stop,
-                        stop_token_ids=list(stop_token_ids), top_n=TOP_N, use_cache=use_cache, grammar=grammar)
+                        stop_token_ids=list(stop_token_ids), top_n=TOP_N, use_cache=use_cache, grammar=grammar,
+                        speculative=speculative)
 
 
 def writer(path: str, record: dict):

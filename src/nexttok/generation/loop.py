@@ -23,7 +23,7 @@ import torch
 
 from nexttok.errors import InvalidParameter
 from nexttok.generation.prefill import prefill
-from nexttok.generation.sampling import SamplerChain, SamplingParams, StageRecord
+from nexttok.generation.sampling import Sample, SamplerChain, SamplingParams, StageRecord
 from nexttok.generation.scoring import Alternative, PromptScores, top_alternatives
 from nexttok.generation.stages import check_token_ids
 from nexttok.models import Model
@@ -50,6 +50,16 @@ class Step:
     prefill: bool  # this step's forward pass was the prompt
     finish_reason: str | None = None  # "stop" | "length" on the last step
     stages: list[StageRecord] | None = None  # per-stage records when asked for
+    draft: Draft | None = None  # speculative decoding: the token drafted for this position, and its fate
+
+
+@dataclass
+class Draft:
+    """What a speculative drafter proposed at a step's position, and whether the target took it
+    (False: the step's token is the target's own, drawn instead)."""
+
+    token_id: int
+    accepted: bool
 
 
 @dataclass
@@ -96,22 +106,35 @@ class Generation:
     def context_length(self) -> int:
         return len(self.prompt_ids) + len(self.tokens)
 
-    def sample(self, logits: torch.Tensor, elapsed: float, prefill: bool) -> Step:
-        """Choose the next token from the model's logits (vocab,) and describe it."""
+    @property
+    def chain(self) -> SamplerChain:
+        """This generation's sampler chain (its penalties' history: the prompt and each token taken)."""
         if self.sampler is None:
             self.sampler = SamplerChain.from_params(self.params, self.vocab_size, self.prompt_ids, self.device,
                                                     constraint=self.constraint)
+        return self.sampler
+
+    def sample(self, logits: torch.Tensor, elapsed: float, prefill: bool) -> Step:
+        """Choose the next token from the model's logits (vocab,) and describe it."""
+        chosen = self.chain.sample(logits, record=self.record_stages)
+        return self.take(chosen, logits, elapsed, prefill)
+
+    def take(self, chosen: Sample, logits: torch.Tensor, elapsed: float, prefill: bool,
+             draft: Draft | None = None) -> Step:
+        """Make chosen (from the chain's view of logits) this generation's next token: the chain is
+        told it, the stop rules read it, and its Step says what happened (draft: what a speculative
+        drafter had proposed at this position)."""
         start = time.perf_counter()
-        chosen = self.sampler.sample(logits, record=self.record_stages)
         token = chosen.token_id
-        self.sampler.accept(token)
+        self.chain.accept(token)
         self.tokens.append(token)
-        elapsed += time.perf_counter() - start
         text, finish = self._text(token)
         self.finish_reason = finish
-        return build_step(self.tokenizer, token, logits, chosen.logits, chosen.draw, index=len(self.tokens) - 1,
-                          elapsed=elapsed, prefill=prefill, stages=chosen.stages, text=text, finish_reason=finish,
-                          top_n=self.top_n)
+        step = build_step(self.tokenizer, token, logits, chosen.logits, chosen.draw, index=len(self.tokens) - 1,
+                          elapsed=elapsed + chosen.seconds + time.perf_counter() - start, prefill=prefill,
+                          stages=chosen.stages, text=text, finish_reason=finish, top_n=self.top_n)
+        step.draft = draft
+        return step
 
     def _text(self, token: int) -> tuple[str, str | None]:
         """(text released by this token, finish reason or None)."""

@@ -45,9 +45,11 @@ def schema() -> dict:
 
 def trace_header(model, *, name: str, path: Path, sha256: str, prompt_text: str | None, prompt_ids: list[int],
                  params: SamplingParams, max_tokens: int | None, stop: list[str], stop_token_ids: list[int],
-                 top_n: int, use_cache: bool = True, grammar: dict | None = None) -> dict:
+                 top_n: int, use_cache: bool = True, grammar: dict | None = None,
+                 speculative: dict | None = None) -> dict:
     """The header line of a generation of `model` (a loaded Model) from the checkpoint at path.
-    grammar: the constraint the output followed, {"kind": "json_schema", "schema": {...}}, or None."""
+    grammar: the constraint the output followed, {"kind": "json_schema", "schema": {...}}, or None.
+    speculative: {"drafter": "ngram" or a model, "draft_tokens": k} when the run drafted."""
     weights = next(model.parameters())
     return {"type": "header", "format": FORMAT, "version": VERSION,
             "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -56,7 +58,8 @@ def trace_header(model, *, name: str, path: Path, sha256: str, prompt_text: str 
                       "architecture": model.config.model_type, "vocab_size": model.config.vocab_size},
             "runtime": {"dtype": str(weights.dtype).removeprefix("torch."), "device": str(weights.device),
                         "kernels": kernels.describe(), "threads": torch.get_num_threads(),
-                        "compiled": model.compiled is not None, "kv_cache": use_cache},
+                        "compiled": model.compiled is not None, "kv_cache": use_cache,
+                        "speculative": speculative},
             "prompt": {"text": prompt_text, "ids": list(prompt_ids)},
             "sampling": sampling_record(params),
             "limits": {"max_tokens": max_tokens, "stop": list(stop), "stop_token_ids": list(stop_token_ids)},
@@ -85,7 +88,8 @@ def step_record(step: Step) -> dict:
             "top": [{"id": a.id, "logprob": a.logprob} for a in step.top],
             "stages": [{"name": s.name, "kept": s.kept} for s in step.stages or []],
             "draw": step.draw, "elapsed": step.elapsed, "prefill": step.prefill,
-            "finish_reason": step.finish_reason}
+            "finish_reason": step.finish_reason,
+            "draft": None if step.draft is None else {"id": step.draft.token_id, "accepted": step.draft.accepted}}
 
 
 def end_record(steps: list[dict], elapsed: float) -> dict:

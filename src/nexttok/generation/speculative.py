@@ -1,0 +1,172 @@
+"""Speculative decoding: a cheap drafter guesses the next k tokens, the model checks them all in one
+forward pass, and every guess it agrees with is a token for a fraction of a step.
+
+The verify pass feeds [last token, d1 .. dk] through the KV cache: its k + 1 rows of logits are the
+model's distributions after each prefix, exactly what k + 1 plain steps would compute. Position by
+position the sampler chain (its penalties fed the tokens taken so far) turns a row into the
+distribution p a plain step would draw from; then
+    greedy:  the draft d is taken when it is p's most likely token, else that token is;
+    sampled: d is taken with probability p(d), else a token is drawn from p with d left out,
+             renormalised (the standard accept/reject rule for a proposal that is certain of d,
+             which both drafters here are: each output token still follows p exactly).
+The first refusal ends the round with the model's own token there; k accepted drafts earn one more
+token from the last row. The cache is cut back to what was taken, and the next round starts.
+
+Drafters:
+    NgramDrafter  prompt lookup: the tokens that followed the latest earlier occurrence of the
+                  context's last n tokens (n from 3 down to 1); free, and good when the output
+                  repeats its context (editing code, summarising or quoting a given text).
+    ModelDrafter  a small model of the same tokenizer (SmolLM2-135M for a larger SmolLM2), greedy,
+                  with a KV cache of its own that follows the accepted tokens.
+Greedy output equals plain decoding's where a row comes out of a (k + 1)-row forward as it does
+alone: bit for bit with float32 weights; with 8-bit activations (the GGUF block kernels) a near tie
+can go the other way, as any change of batch shape can make it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from nexttok.generation.loop import Draft, Generation, Step, prompt_ids_for
+from nexttok.generation.prefill import prefill
+from nexttok.generation.sampling import Sample, SamplingParams, pick
+from nexttok.generation.stages import NEG_INF
+from nexttok.models import Model
+from nexttok.models.cache import KVCache
+from nexttok.tokenizers.tokenizer import Tokenizer
+
+DRAFT_TOKENS = 5  # k: tokens drafted per round
+
+
+class NgramDrafter:
+    name = "ngram"
+
+    def __init__(self, longest: int = 3):
+        self.longest = longest
+
+    def propose(self, context: Sequence[int], k: int) -> list[int]:
+        """What followed the latest earlier match of the context's last n tokens, longest n first:
+        NgramDrafter().propose([1, 2, 3, 9, 1, 2], 2) -> [3, 9]."""
+        for n in range(min(self.longest, len(context) - 1), 0, -1):
+            tail = list(context[-n:])
+            for start in range(len(context) - n - 1, -1, -1):
+                if list(context[start : start + n]) == tail:
+                    return list(context[start + n : start + n + k])
+        return []
+
+
+class ModelDrafter:
+    """A small model's greedy continuation, over a KV cache that keeps what still matches."""
+
+    def __init__(self, model: Model, name: str = "draft"):
+        self.model, self.name = model, name
+        self.cache: KVCache | None = None
+        self.cached: list[int] = []  # the tokens whose keys and values the cache holds
+
+    def propose(self, context: Sequence[int], k: int) -> list[int]:
+        weights = next(self.model.parameters())
+        if self.cache is None or self.cache.max_len < len(context) + k:
+            self.cache = KVCache.for_model(self.model.config, max_len=max(2 * (len(context) + k), 256),
+                                           dtype=weights.dtype, device=weights.device)
+            self.cached = []
+        same = 0
+        while same < min(len(self.cached), len(context) - 1) and self.cached[same] == context[same]:
+            same += 1
+        self.cache.truncate(same)
+        draft = []
+        with torch.inference_mode():
+            logits = prefill(self.model, self.cache, list(context), start=same)
+            self.cached = list(context)
+            for _ in range(k):
+                draft.append(int(torch.argmax(logits)))
+                if len(draft) == k:
+                    break
+                logits = self.model(torch.tensor([[draft[-1]]], device=weights.device), self.cache,
+                                    last_only=True)[0, -1]
+                self.cached.append(draft[-1])
+        return draft
+
+
+@dataclass
+class Rounds:
+    """How a speculative generation went: drafted and accepted tokens, target forward passes."""
+
+    drafted: int = 0
+    accepted: int = 0
+    forwards: int = 0  # the model's forward calls after the prefill (one per round)
+    tokens: int = 0  # tokens generated after the first
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.tokens / self.forwards if self.forwards else 0.0
+
+
+def speculative_stream(model: Model, tokenizer: Tokenizer, prompt: str | Sequence[int], params: SamplingParams,
+                       drafter, *, k: int = DRAFT_TOKENS, rounds: Rounds | None = None,
+                       **options) -> Iterator[Step]:
+    """generate's steps, produced k + 1 at a time at the most (see above); options as stream's
+    (max_tokens, stop, stop_token_ids, top_n). rounds, when given, is filled in as it goes."""
+    if k < 1:
+        raise ValueError(f"draft tokens must be >= 1, got {k}")
+    rounds = rounds if rounds is not None else Rounds()
+    weights = next(model.parameters())
+    ids = prompt_ids_for(model, tokenizer, prompt)
+    generation = Generation(model.config, tokenizer, ids, params, device=weights.device, **options)
+    cache = KVCache.for_model(model.config, max_len=generation.max_len, dtype=weights.dtype, device=weights.device)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        logits = prefill(model, cache, ids)
+    step = generation.sample(logits, time.perf_counter() - start, True)
+    yield step
+    context = ids + [step.token_id]
+    while not step.finish_reason:
+        start = time.perf_counter()
+        room = generation.max_len - len(context)  # tokens still allowed, the last one never fed
+        draft = drafter.propose(context, min(k, room - 1)) if room > 1 else []
+        with torch.inference_mode():
+            rows = model(torch.tensor([[context[-1], *draft]], device=weights.device), cache)[0]  # (1 + k, vocab)
+        rounds.forwards += 1
+        rounds.drafted += len(draft)
+        elapsed = (time.perf_counter() - start) / (len(draft) + 1)
+        for i, row in enumerate(rows):
+            proposed = draft[i] if i < len(draft) else None
+            chosen = verify(generation, row, proposed)
+            agreed = proposed is not None and chosen.token_id == proposed
+            step = generation.take(chosen, row, elapsed, False, None if proposed is None else Draft(proposed, agreed))
+            rounds.accepted += agreed
+            rounds.tokens += 1
+            context.append(step.token_id)
+            yield step
+            if step.finish_reason or not agreed:
+                break
+        cache.truncate(len(context) - 1)  # the keys of every token taken but the newest
+
+
+def verify(generation: Generation, logits: torch.Tensor, proposed: int | None) -> Sample:
+    """The token at one position: the draft when the target agrees (greedy: its top token; sampled:
+    with probability p(draft)), else the target's own (see above)."""
+    chain = generation.chain
+    start = time.perf_counter()
+    final = chain.apply(logits.float())
+    if chain.greedy:
+        return Sample(int(torch.argmax(final)), final, None, None, time.perf_counter() - start)
+    uniforms = chain.selector.uniforms
+    if proposed is not None:
+        u = uniforms.next()
+        if u < float(final.softmax(-1)[proposed]):
+            return Sample(proposed, final, u, None, time.perf_counter() - start)
+        rest = final.clone()
+        rest[proposed] = NEG_INF  # p without the refused draft, renormalised by the draw
+        if bool((rest > NEG_INF).any()):
+            u = uniforms.next()
+            return Sample(pick(rest, u), final, u, None, time.perf_counter() - start)
+    u = uniforms.next()
+    return Sample(pick(final, u), final, u, None, time.perf_counter() - start)
