@@ -57,9 +57,9 @@ def _check_against_sampling(page, served, explainer, prompt_ids: list[int], step
     chain = SamplerChain.from_params(params, served.model.config.vocab_size, prompt_ids)
     for token in path:
         chain.accept(token)
-    records: list = []
-    token, final, u = chain.sample(logits, records, None if chain.greedy else step_draw)
-    q = final.softmax(-1)
+    chosen = chain.sample(logits, record=True, u=None if chain.greedy else step_draw)
+    token, u, records = chosen.token_id, chosen.draw, chosen.stages
+    q = chosen.logits.softmax(-1)
     rows = page.locator("#table tbody tr:not(.rest)").evaluate_all(
         "els => els.map(e => [Number(e.dataset.id), Number(e.dataset.q), e.classList.contains('cut'), "
         "e.querySelector('.final-p').textContent])")
