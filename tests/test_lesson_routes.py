@@ -1,5 +1,5 @@
 """The lesson's JSON routes return the lesson functions' numbers, refuse bad input with an
-OpenAI-shaped 400 naming the parameter, and are in /openapi.json."""
+OpenAI-shaped 400 naming the parameter, and are in /openapi.json; the page is served as ES modules."""
 
 from __future__ import annotations
 
@@ -132,3 +132,12 @@ def test_lesson_routes_are_in_openapi(live):
                  "/explain/experiments/repeat", "/explain/experiments/length", "/explain/sessions/{key}/lens",
                  "/explain/sessions/{key}/attention", "/explain/sessions/{key}/attention/detail"]:
         assert path in paths
+
+
+def test_page_is_served_as_es_modules(live):
+    _, _, server = live
+    page = httpx.get(server.url + "/", timeout=60).text
+    assert '<script type="module" src="/static/main.js"></script>' in page and page.count("<script") == 1
+    for name in ("main.js", "app.js", "api.js", "sections/attention.js"):
+        served = httpx.get(f"{server.url}/static/{name}", timeout=60)
+        assert served.status_code == 200 and served.headers["content-type"].startswith("text/javascript"), name

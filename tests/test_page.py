@@ -117,6 +117,7 @@ def test_explainer_page(browser, live):
     assert "rank" in page.inner_text("#chosen") and "draw u" in page.inner_text("#chosen")
     assert "tokens/s" in page.inner_text("#timing")
     assert page.locator("#attention .att").count() == len(ids) + 2  # keys of the last step
+    assert page.evaluate("typeof window.nexttok") == "undefined"  # ES modules: no global
     draw = float(page.get_attribute("#redraw", "data-draw"))
     assert 0 <= draw < 1 and f"draw u = {draw:.3f}" in page.inner_text("#chosen")
     _check_against_sampling(page, served, explainer, ids, draw)  # as stepped: the neutral dials build no stage

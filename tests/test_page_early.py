@@ -62,6 +62,16 @@ def _cells(page, selector: str) -> torch.Tensor:
     return matrix
 
 
+def _session_key(page) -> str:
+    """The page's session, as it exposes it (no global): #tokens[data-session]."""
+    return page.get_attribute("#tokens", "data-session")
+
+
+def _shown_node(page) -> int:
+    """The node whose step the table shows: #table[data-node]."""
+    return int(page.get_attribute("#table", "data-node"))
+
+
 def _open(page, section: str) -> None:
     if not page.evaluate(f"document.getElementById('sec-{section}').open"):
         page.click(f"#sec-{section} > summary")
@@ -219,7 +229,7 @@ def test_attention_matrix_detail_and_presets(browser, live):
     model, tokenizer = served.model, served.tokenizer
     page, errors = _page(browser, server)
     ids = _start_preset(page, tokenizer)  # a preset starts a session with its sentence, like Start
-    key = page.evaluate("nexttok.state.session")
+    key = _session_key(page)
     session = server.server.app.state.explainer.sessions[key].session
     assert session.prompt_ids == ids
     chips = page.locator("#tokens .chip.prompt").evaluate_all("els => els.map(e => Number(e.dataset.id))")
@@ -245,7 +255,7 @@ def test_attention_matrix_detail_and_presets(browser, live):
     for n in (1, 2):
         page.click("#step")
         page.wait_for_function(f"document.querySelectorAll('#tokens .chip.generated').length === {n}")
-    node = page.evaluate("nexttok.state.view.node")
+    node = _shown_node(page)
     page.wait_for_selector(f'#att-matrix[data-node="{node}"]')
     path = ids + session.path(node)  # the step's input: the prompt and the first generated token
     assert len(path) == len(ids) + 1 and _data(page, "#att-matrix", "tokens") == path
@@ -279,14 +289,14 @@ def test_lens_follows_the_step_and_captures_wait_for_open_sections(browser, live
     page, errors = _page(browser, server)
     page.click("#start")
     page.wait_for_selector("#tokens .chip.prompt")
-    key = page.evaluate("nexttok.state.session")
+    key = _session_key(page)
     session = server.server.app.state.explainer.sessions[key].session
     _open(page, "layers")
     _check_lens(page, served, session, 0)  # before a step: what the first Step will read
     for n in (1, 2):
         page.click("#step")
         page.wait_for_function(f"document.querySelectorAll('#tokens .chip.generated').length === {n}")
-    node = page.evaluate("nexttok.state.view.node")
+    node = _shown_node(page)
     _check_lens(page, served, session, node)
     top = int(page.locator("#table tbody tr[data-id]").first.get_attribute("data-id"))
     assert _data(page, "#lens-table", "final") == top  # the lens's last layer is the table's top token
@@ -301,7 +311,7 @@ def test_lens_follows_the_step_and_captures_wait_for_open_sections(browser, live
     page.wait_for_timeout(300)
     assert requests == []  # an ordinary Step with the sections closed captures nothing
     _open(page, "layers")
-    _check_lens(page, served, session, page.evaluate("nexttok.state.view.node"))
+    _check_lens(page, served, session, _shown_node(page))
     assert [url.rsplit("/", 1)[1] for url in requests] == ["lens"]
     page.click('#tree span[data-node="0"]')  # back at the prompt: the lens shows what Step will read there
     _check_lens(page, served, session, 0)

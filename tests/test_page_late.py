@@ -50,7 +50,9 @@ class Recorder:
 
     def steps(self) -> list[tuple[dict, dict]]:
         """The steps of the page's own session (the one it shows now)."""
-        return self.answers("/step", session=self.page.evaluate("nexttok.state.session"))
+        key = self.page.get_attribute("#tokens", "data-session")  # the page exposes its session there
+        assert key is not None
+        return self.answers("/step", session=key)
 
     def unexpected_errors(self, allowed_400: int = 0) -> list[str]:
         refused = [e for e in self.errors if e.startswith(REFUSED_LOAD)]

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Annotated
 
 import anyio
-from fastapi import FastAPI
+from fastapi import FastAPI, Response
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import Field
@@ -101,6 +101,17 @@ class RedrawRequest(Dials):
     node: int = Field(ge=0)
 
 
+class ModuleFiles(StaticFiles):
+    """The page's static files, each .js as text/javascript whatever the system's MIME table says: a
+    browser runs an ES module only when its type is JavaScript (Windows' registry can say text/plain)."""
+
+    def file_response(self, full_path, stat_result, scope, status_code: int = 200) -> Response:
+        response = super().file_response(full_path, stat_result, scope, status_code)
+        if str(full_path).endswith(".js") and "content-type" in response.headers:  # not on a 304
+            response.headers["content-type"] = "text/javascript; charset=utf-8"
+        return response
+
+
 class Explainer:
     """The explainer's state: open sessions (past MAX_SESSIONS the oldest goes) and, per served
     model, a ModelState."""
@@ -132,7 +143,7 @@ def install_explainer(app: FastAPI, served_for: ServedFor) -> None:
     """Add the page and its API; served_for(name) resolves a model as the OpenAI routes do."""
     explainer = Explainer(served_for)
     app.state.explainer = explainer
-    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    app.mount("/static", ModuleFiles(directory=STATIC), name="static")
 
     @app.get("/", include_in_schema=False)
     async def page():

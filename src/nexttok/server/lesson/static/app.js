@@ -1,28 +1,23 @@
 // nexttok explainer: one token at a time, with the probability table of every step.
-// The sampler chain runs on the server only (nexttok/sampling.py): a step returns the Step record,
-// the model's top tokens with their probability before and after the chain, and the chain's stage
-// records. Moving a dial asks the server to re-run that same chain on the step's cached logits with
-// the step's own uniform draw u (POST .../redraw), so what the dials show is what sampling does.
-"use strict";
+// The sampler chain runs on the server only (nexttok/generation/sampling.py): a step returns the Step
+// record, the model's top tokens with their probability before and after the chain, and the chain's
+// stage records. Moving a dial asks the server to re-run that same chain on the step's cached logits
+// with the step's own uniform draw u (POST .../redraw), so what the dials show is what sampling does.
+// The lesson's sections (sections/*.js) read `state`, call step() and dials(), and follow the page
+// through on(): nothing is global. What the page shows is also in data-* attributes a test reads:
+// #tokens[data-session] (the session's key), #table[data-node] (the node whose step the table shows).
 
-const $ = (id) => document.getElementById(id);
-const state = { session: null, model: null, prompt: [], vocab: [], view: null, playing: false,
-                parameters: null, order: [], redraws: 0, useCache: true };
+import { api, sessionPath } from "./api.js";
+import { byId } from "./dom.js";
+import { pctFixed, visible } from "./format.js";
+
+export const state = { session: null, model: null, prompt: [], vocab: [], view: null, playing: false,
+                       parameters: null, order: [], redraws: 0, useCache: true };
 const REDRAW_DELAY_MS = 120;  // dial input is debounced: one request per pause in the movement
 const CUT_SHOWN = 6;  // tokens named per stage as cut (of the model's top 20)
 let redrawTimer = null;
 
 // ---- talking to the server -------------------------------------------------------------
-
-async function api(method, path, body) {
-  const headers = { "Content-Type": "application/json" };
-  const key = $("api-key").value.trim();
-  if (key) headers.Authorization = `Bearer ${key}`;
-  const response = await fetch(path, { method, headers, body: body ? JSON.stringify(body) : undefined });
-  const data = await response.json();
-  if (!response.ok) throw new Error(data.error ? data.error.message : response.statusText);
-  return data;
-}
 
 // The dials' ranges, defaults and meanings come from the server's table (nexttok.parameters.PARAMETERS).
 let parametersLoaded = null;
@@ -35,9 +30,9 @@ async function fetchParameters() {
   const table = await api("GET", "/explain/parameters");
   state.parameters = table;
   state.order = [...table.order];
-  $("dials").replaceChildren(...Object.entries(table.dials).map(([name, bound]) => dial(name, bound)));
+  byId("dials").replaceChildren(...Object.entries(table.dials).map(([name, bound]) => dial(name, bound)));
   renderOrder();
-  $("dials").dataset.ready = "1";
+  byId("dials").dataset.ready = "1";
 }
 
 function dial(name, bound) {
@@ -57,9 +52,9 @@ function dial(name, bound) {
   return label;
 }
 
-function dials() {
+export function dials() {  // the dials as a request body: {temperature, ..., order}
   const settings = {};
-  for (const name of Object.keys(state.parameters.dials)) settings[name] = Number($(name).value);
+  for (const name of Object.keys(state.parameters.dials)) settings[name] = Number(byId(name).value);
   settings.order = [...state.order];
   return settings;
 }
@@ -69,31 +64,33 @@ async function start() {
   setStatus("loading…");
   try {
     await loadParameters();
-    const request = { prompt: $("prompt").value };
-    if ($("context").value) request.context = Number($("context").value);
+    const request = { prompt: byId("prompt").value };
+    if (byId("context").value) request.context = Number(byId("context").value);
     const data = await api("POST", "/explain/sessions", request);
     Object.assign(state, { session: data.session, model: data.model, prompt: data.prompt, vocab: data.vocab,
                            view: null });
-    $("model-name").textContent = `${data.model.name} · ${data.model.layers} layers · ${data.model.heads} heads`;
-    fillSelect($("layer"), data.model.layers);
-    fillSelect($("head"), data.model.heads, true);
+    byId("tokens").dataset.session = data.session;
+    byId("model-name").textContent = `${data.model.name} · ${data.model.layers} layers · ${data.model.heads} heads`;
+    fillSelect(byId("layer"), data.model.layers);
+    fillSelect(byId("head"), data.model.heads, true);
     renderTokens(data.prompt, []);
     renderTree(data.tree, 0);
-    for (const id of ["step", "play"]) $(id).disabled = false;
+    for (const id of ["step", "play"]) byId(id).disabled = false;
     clearStep();
     setStatus(`${data.prompt.length} prompt tokens. Press Step.`);
     emit("session", data);
   } catch (e) { setStatus(`error: ${e.message}`); }
 }
 
-async function step(node = null, tokenId = null) {
+// One step from node (default: the current one), continuing with tokenId when given (a branch).
+export async function step(node = null, tokenId = null) {
   if (!state.session) return;
   const settings = dials();
   const body = { ...settings, top_n: 10, use_cache: state.useCache };
   if (node !== null) { body.node = node; body.token_id = tokenId; }
   state.redraws++;  // a redraw still in flight belongs to the step before: it is ignored
   try {
-    const view = await api("POST", `/explain/sessions/${state.session}/step`, body);
+    const view = await api("POST", sessionPath(state.session, "step"), body);
     state.view = view;
     renderTokens(state.prompt, view.generated);
     renderTree(view.tree, view.current);
@@ -117,7 +114,7 @@ async function redraw() {
   const ticket = ++state.redraws;
   const settings = dials();
   try {
-    const drawn = await api("POST", `/explain/sessions/${state.session}/redraw`,
+    const drawn = await api("POST", sessionPath(state.session, "redraw"),
                             { ...settings, node: view.node, top_n: 10 });
     if (ticket === state.redraws && state.view === view) {  // else: stale
       renderDrawn(drawn, settings);
@@ -128,7 +125,7 @@ async function redraw() {
 
 async function play() {
   state.playing = true;
-  $("pause").disabled = false; $("play").disabled = true;
+  byId("pause").disabled = false; byId("play").disabled = true;
   while (state.playing) {
     await step();
     await new Promise((resolve) => setTimeout(resolve, 150));
@@ -137,8 +134,8 @@ async function play() {
 
 function stopPlaying() {
   state.playing = false;
-  $("pause").disabled = true;
-  $("play").disabled = !state.session;
+  byId("pause").disabled = true;
+  byId("play").disabled = !state.session;
 }
 
 // ---- rendering --------------------------------------------------------------------------
@@ -153,23 +150,24 @@ function chip(token, cls) {
 }
 
 function renderTokens(prompt, generated) {
-  const box = $("tokens");
+  const box = byId("tokens");
   box.replaceChildren(...prompt.map((t) => chip(t, "prompt")), ...generated.map((t) => chip(t, "generated")));
   if (generated.length) box.lastChild.classList.add("last");
 }
 
-const visible = (text) => text.replaceAll(" ", "␣").replaceAll("\n", "\\n").replaceAll("\t", "\\t");
-const tokenText = (id) => state.vocab[id] ?? `#${id}`;
+// tokenText(id): the display text of any id of the session's model.
+export const tokenText = (id) => state.vocab[id] ?? `#${id}`;
 
 // The table of the step: the model's top 10 (p) and, filled by renderDrawn, after the chain (q).
 function renderStep(view) {
   const s = view.step;
+  byId("table").dataset.node = view.node;
   const rows = view.rows.map((row, rank) => {
     const tr = document.createElement("tr");
     if (row.id === s.token_id) tr.classList.add("chosen");
     tr.dataset.id = row.id;
     tr.innerHTML = `<td class="num">${rank + 1}</td><td class="tok"></td><td class="num">${row.id}</td>` +
-      `<td class="num logit">${row.logit.toFixed(3)}</td><td class="num">${pct(row.p)}</td><td><div class="bar" style="width:${Math.round(row.p * 200)}px"></div>` +
+      `<td class="num logit">${row.logit.toFixed(3)}</td><td class="num">${pctFixed(row.p)}</td><td><div class="bar" style="width:${Math.round(row.p * 200)}px"></div>` +
       `<div class="bar final"></div></td><td class="num final-p"></td>`;
     tr.querySelector(".tok").textContent = visible(row.text);
     tr.addEventListener("click", () => { if (row.id !== s.token_id) step(view.node, row.id); });
@@ -178,11 +176,11 @@ function renderStep(view) {
   const rest = document.createElement("tr");
   rest.className = "rest";
   rest.innerHTML = `<td></td><td>everything else</td><td class="num">${view.rest.tokens} tokens</td><td></td>` +
-    `<td class="num">${pct(view.rest.p)}</td><td></td><td></td>`;
-  $("table").tBodies[0].replaceChildren(...rows, rest);
-  $("step-title").textContent = `(step ${s.index + 1})`;
-  $("chosen").textContent = `chosen: ${JSON.stringify(s.token_text)} (id ${s.token_id}) — rank ${s.rank}, ` +
-    `model p ${pct(Math.exp(s.logprob))}` + (s.draw === null ? ", greedy" : `, draw u = ${s.draw.toFixed(3)}`);
+    `<td class="num">${pctFixed(view.rest.p)}</td><td></td><td></td>`;
+  byId("table").tBodies[0].replaceChildren(...rows, rest);
+  byId("step-title").textContent = `(step ${s.index + 1})`;
+  byId("chosen").textContent = `chosen: ${JSON.stringify(s.token_text)} (id ${s.token_id}) — rank ${s.rank}, ` +
+    `model p ${pctFixed(Math.exp(s.logprob))}` + (s.draw === null ? ", greedy" : `, draw u = ${s.draw.toFixed(3)}`);
 }
 
 // What the server's chain made of the step's logits under `settings`: q per row, the stages, the pick.
@@ -190,22 +188,22 @@ function renderDrawn(drawn, settings) {
   const q = new Map(drawn.rows.map((row) => [row.id, row.q]));
   const cutBy = new Map();
   for (const stage of drawn.step.stages) for (const id of stage.cut) if (!cutBy.has(id)) cutBy.set(id, stage.name);
-  for (const tr of $("table").tBodies[0].querySelectorAll("tr[data-id]")) {
+  for (const tr of byId("table").tBodies[0].querySelectorAll("tr[data-id]")) {
     const id = Number(tr.dataset.id);
     const p = q.get(id) ?? 0;
     tr.dataset.q = String(p);
     tr.classList.toggle("cut", p === 0);
     tr.querySelector(".bar.final").style.width = `${Math.round(p * 200)}px`;
-    tr.querySelector(".final-p").textContent = p === 0 ? `cut by ${cutBy.get(id) ?? "the chain"}` : pct(p);
+    tr.querySelector(".final-p").textContent = p === 0 ? `cut by ${cutBy.get(id) ?? "the chain"}` : pctFixed(p);
   }
   const picked = drawn.step.token_id;
-  const redraw = $("redraw");
+  const redraw = byId("redraw");
   redraw.dataset.token = picked;
   redraw.dataset.draw = drawn.step.draw === null ? "" : String(drawn.step.draw);
   redraw.textContent = picked === state.view.step.token_id ? "" :
     `with these dials the same draw picks ${JSON.stringify(tokenText(picked))} (click its row to continue with it)`;
   renderStages(drawn.step);
-  $("table").dataset.dials = JSON.stringify(settings);
+  byId("table").dataset.dials = JSON.stringify(settings);
 }
 
 function renderStages(drawnStep) {
@@ -216,7 +214,7 @@ function renderStages(drawnStep) {
     const more = st.cut.length > CUT_SHOWN ? ` … (${st.cut.length} of the model's top 20)` : "";
     const cut = st.cut.length ? `; cut ${names}${more}` : "";
     li.textContent = `${st.name}: ${st.kept} tokens kept, entropy ${st.entropy.toFixed(2)} bits, ` +
-      `top p ${pct(st.top_probs[0])}${cut}`;
+      `top p ${pctFixed(st.top_probs[0])}${cut}`;
     return li;
   });
   const draw = document.createElement("li");
@@ -224,13 +222,13 @@ function renderStages(drawnStep) {
   draw.dataset.stage = "draw";
   draw.textContent = `draw${drawnStep.draw === null ? " (greedy)" : ` (u = ${drawnStep.draw.toFixed(3)})`}: ` +
     `${JSON.stringify(tokenText(id))} (id ${id})`;
-  $("stages").replaceChildren(...items, draw);
+  byId("stages").replaceChildren(...items, draw);
   const ran = new Set(drawnStep.stages.map((st) => st.name));
-  for (const li of $("order").children) li.classList.toggle("on", ran.has(li.dataset.stage));
+  for (const li of byId("order").children) li.classList.toggle("on", ran.has(li.dataset.stage));
 }
 
 function renderOrder() {
-  $("order").replaceChildren(...state.order.map((name, i) => {
+  byId("order").replaceChildren(...state.order.map((name, i) => {
     const li = document.createElement("li");
     li.dataset.stage = name;
     const up = document.createElement("button");
@@ -248,18 +246,19 @@ function renderOrder() {
 function renderAttention() {
   const view = state.view;
   if (!view || !view.attention.length) return;
-  const layer = view.attention[Number($("layer").value) || 0];
-  const head = $("head").value;
+  const layer = view.attention[Number(byId("layer").value) || 0];
+  const head = byId("head").value;
   const weights = head === "mean"
     ? layer[0].map((_, j) => layer.reduce((acc, h) => acc + h[j], 0) / layer.length)
     : layer[Number(head)];
   const tokens = [...state.prompt, ...view.generated].slice(0, weights.length);
   const max = Math.max(...weights);
-  $("attention").replaceChildren(...tokens.map((t, j) => {
+  byId("attention").replaceChildren(...tokens.map((t, j) => {
     const span = document.createElement("span");
     span.className = "att";
     span.textContent = t.text.replaceAll("\n", "\\n");
     span.title = `weight ${weights[j].toFixed(4)} · id ${t.id}`;
+    span.dataset.weight = weights[j];
     span.style.background = `rgba(37, 99, 235, ${(weights[j] / max).toFixed(3)})`;
     return span;
   }));
@@ -268,12 +267,12 @@ function renderAttention() {
 function renderTiming(t) {
   const ms = t.seconds * 1000;
   const rate = t.tokens / t.seconds;
-  $("timing").textContent = `${t.prefill ? "prefill" : "decode"}: ${t.tokens} token${t.tokens > 1 ? "s" : ""} ` +
+  byId("timing").textContent = `${t.prefill ? "prefill" : "decode"}: ${t.tokens} token${t.tokens > 1 ? "s" : ""} ` +
     `through the model in ${ms.toFixed(1)} ms (${rate.toFixed(1)} tokens/s)`;
 }
 
 function renderTree(nodes, current) {
-  const byId = new Map(nodes.map((n) => [n.id, n]));
+  const nodeById = new Map(nodes.map((n) => [n.id, n]));
   const build = (node) => {
     const li = document.createElement("li");
     const label = document.createElement("span");
@@ -283,25 +282,26 @@ function renderTree(nodes, current) {
     li.appendChild(label);
     if (node.children.length) {
       const ul = document.createElement("ul");
-      for (const c of node.children) ul.appendChild(build(byId.get(c)));
+      for (const c of node.children) ul.appendChild(build(nodeById.get(c)));
       li.appendChild(ul);
     }
     return li;
   };
   const root = document.createElement("ul");
-  root.appendChild(build(byId.get(0)));
-  $("tree").replaceChildren(root);
-  $("tree").dataset.branches = nodes.filter((n) => n.children.length > 1).length;
+  root.appendChild(build(nodeById.get(0)));
+  byId("tree").replaceChildren(root);
+  byId("tree").dataset.branches = nodes.filter((n) => n.children.length > 1).length;
 }
 
 function clearStep() {
   state.view = null;
   state.redraws++;
-  $("table").tBodies[0].replaceChildren();
-  delete $("table").dataset.dials;
-  for (const id of ["chosen", "redraw", "timing", "step-title"]) $(id).textContent = "";
-  $("stages").replaceChildren();
-  $("attention").replaceChildren();
+  byId("table").tBodies[0].replaceChildren();
+  delete byId("table").dataset.dials;
+  delete byId("table").dataset.node;
+  for (const id of ["chosen", "redraw", "timing", "step-title"]) byId(id).textContent = "";
+  byId("stages").replaceChildren();
+  byId("attention").replaceChildren();
 }
 
 function fillSelect(select, n, withMean = false) {
@@ -310,71 +310,36 @@ function fillSelect(select, n, withMean = false) {
   select.replaceChildren(...options);
 }
 
-const pct = (p) => `${(100 * p).toFixed(2)}%`;
-const setStatus = (text) => { $("status").textContent = text; };
+const setStatus = (text) => { byId("status").textContent = text; };
 
-// ---- what the lesson's sections (lesson-*.js) use ----------------------------------------
+// ---- what the lesson's sections (sections/*.js) follow ----------------------------------
 // Events on document: nexttok:session (detail: the new session), nexttok:step (the step's view),
 // nexttok:redraw (the chain re-run under moved dials), nexttok:goto (back at a node), nexttok:error.
 function emit(name, detail) { document.dispatchEvent(new CustomEvent(`nexttok:${name}`, { detail })); }
-
-// h("p", {className: "note", dataset: {id: 3}}, "text", child): an element with properties and children.
-function h(tag, props = {}, ...children) {
-  const node = document.createElement(tag);
-  const { dataset, ...rest } = props;
-  Object.assign(node, rest);
-  if (dataset) Object.assign(node.dataset, dataset);
-  node.append(...children.filter((c) => c !== null && c !== undefined));
-  return node;
-}
-
-// The requests of the lesson's views: the newest answer of a view wins (an older one still in
-// flight is dropped), and errors stay on the view's own line (#VIEW-error).
-function viewRequests() {
-  const tickets = new Map();  // view -> number of its newest request
-  const nextTicket = (view) => { const t = (tickets.get(view) ?? 0) + 1; tickets.set(view, t); return t; };
-  function refuse(view, message) {  // a request the page can tell is wrong is not sent
-    nextTicket(view);
-    $(`${view}-error`).textContent = `error: ${message}`;
-  }
-  async function ask(view, path, body, method = "POST") {
-    const ticket = nextTicket(view);
-    const line = $(`${view}-error`);
-    try {
-      const data = await api(method, path, body);
-      if (tickets.get(view) !== ticket) return null;  // a newer request went out meanwhile
-      line.textContent = "";
-      return data;
-    } catch (e) {
-      if (tickets.get(view) === ticket) line.textContent = `error: ${e.message}`;
-      return null;
-    }
-  }
-  return { nextTicket, refuse, ask };
-}
-
-window.nexttok = { api, state, step, dials, visible, pct, tokenText, setStatus, h, viewRequests,
-                   on: (name, fn) => document.addEventListener(`nexttok:${name}`, (e) => fn(e.detail)) };
+export const on = (name, fn) => document.addEventListener(`nexttok:${name}`, (e) => fn(e.detail));
 
 // ---- wiring -----------------------------------------------------------------------------
 
-loadParameters().catch(() => {});  // a server with an API key answers once the key is typed (Start)
-$("start").addEventListener("click", start);
-$("step").addEventListener("click", () => step());
-$("play").addEventListener("click", play);
-$("pause").addEventListener("click", stopPlaying);
-$("layer").addEventListener("change", renderAttention);
-$("head").addEventListener("change", renderAttention);
-$("tree").addEventListener("click", async (event) => {
-  const node = event.target.dataset.node;
+export function install() {
+  loadParameters().catch(() => {});  // a server with an API key answers once the key is typed (Start)
+  byId("start").addEventListener("click", start);
+  byId("step").addEventListener("click", () => step());
+  byId("play").addEventListener("click", play);
+  byId("pause").addEventListener("click", stopPlaying);
+  byId("layer").addEventListener("change", renderAttention);
+  byId("head").addEventListener("change", renderAttention);
+  byId("tree").addEventListener("click", (event) => goto(event.target.dataset.node));
+}
+
+async function goto(node) {
   if (node === undefined || !state.session) return;
   stopPlaying();
   try {
-    const view = await api("POST", `/explain/sessions/${state.session}/goto`, { node: Number(node) });
+    const view = await api("POST", sessionPath(state.session, "goto"), { node: Number(node) });
     renderTokens(state.prompt, view.generated);
     renderTree(view.tree, view.current);
     clearStep();
     setStatus(`back at node ${node}: Step continues from here`);
     emit("goto", view);
   } catch (e) { setStatus(`error: ${e.message}`); }
-});
+}

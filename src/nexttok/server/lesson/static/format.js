@@ -1,0 +1,32 @@
+// Numbers and token texts as the page writes them. Pure functions, each with a worked example.
+
+// visible(" a\n") "␣a\\n": spaces, newlines and tabs a reader can see in a token.
+export const visible = (text) => text.replaceAll(" ", "␣").replaceAll("\n", "\\n").replaceAll("\t", "\\t");
+
+// quote(" Paris") "“␣Paris”": a token's text in quotes, its spaces visible.
+export const quote = (text) => `“${visible(text)}”`;
+
+// pctFixed(0.92) "92.00%": two decimals, so the step table's column lines up.
+export const pctFixed = (p) => `${(100 * p).toFixed(2)}%`;
+
+// A probability as a percentage that stays readable when tiny: pct(0.92) "92.00%", pct(7.2e-5) "0.0072%".
+export const pct = (p) => (p === 0 || p >= 1e-3 ? pctFixed(p) : `${(100 * p).toPrecision(2)}%`);
+
+// fmt(123.4) "123", fmt(1.234) "1.23", fmt(0.01234) "0.0123": short numbers for plots and vectors.
+export const fmt = (v) => (Math.abs(v) >= 100 || v === 0 ? v.toFixed(0) : Math.abs(v) >= 1 ? v.toFixed(2) : v.toPrecision(3));
+
+// Dollars readable at any size, never in e-notation: usd(302.1) "$302.10", usd(2.1e-6) "$0.0000021".
+export function usd(x) {
+  const digits = x >= 1 ? { minimumFractionDigits: 2, maximumFractionDigits: 2 } : { maximumSignificantDigits: 3 };
+  return `$${x.toLocaleString("en-US", digits)}`;
+}
+
+// bytes(49152) "49,152 bytes (48.0 KiB)"
+export function bytes(n) {
+  const units = [["GiB", 2 ** 30], ["MiB", 2 ** 20], ["KiB", 2 ** 10]];
+  const unit = units.find(([, size]) => n >= size);
+  return `${n.toLocaleString("en-US")} bytes` + (unit ? ` (${(n / unit[1]).toFixed(1)} ${unit[0]})` : "");
+}
+
+// ms(0.0123) "12.3 ms"
+export const ms = (seconds) => `${(seconds * 1000).toFixed(1)} ms`;
