@@ -1,5 +1,6 @@
 """The lesson's JSON routes return the lesson functions' numbers, refuse bad input with an
-OpenAI-shaped 400 naming the parameter, and are in /openapi.json; the page is served as ES modules."""
+OpenAI-shaped 400 naming the parameter, and are in /openapi.json; the vocabulary is a route of its
+own (an ETag, not a copy in every session), and the page is served as ES modules."""
 
 from __future__ import annotations
 
@@ -44,6 +45,12 @@ def test_lens_attention_and_detail_routes_equal_the_functions(live):
     assert torch.tensor(matrix["weights"]) == pytest.approx(seen.weights[1, 2], abs=1e-4)
     mean = post(f"/explain/sessions/{key}/attention", {"layer": 0, "head": None}).json()
     assert torch.tensor(mean["weights"]) == pytest.approx(seen.weights[0].mean(0), abs=1e-4)
+    read = lesson.inspect(served.model, ids[:-1])  # what the step read: the prompt
+    assert len(step["attention_mean"]) == len(step["attention"]) == served.model.config.num_hidden_layers
+    for layer, (heads, mean) in enumerate(zip(step["attention"], step["attention_mean"], strict=True)):
+        assert len(heads) == served.model.config.num_attention_heads
+        assert mean == pytest.approx(torch.tensor(heads).mean(0).tolist(), abs=1e-4)  # of the heads it sent
+        assert mean == pytest.approx(read.weights[layer].mean(0)[-1].tolist(), abs=2e-4)  # the last position's
     detail = post(f"/explain/sessions/{key}/attention/detail", {"layer": 1, "head": 0, "query": 4}).json()
     assert detail["weights"] == pytest.approx(seen.weights[1, 0, 4, :5].tolist(), abs=1e-4)
     assert len(detail["keys"]) == 5 and len(detail["q"]) == served.model.config.head_dim
@@ -130,8 +137,42 @@ def test_lesson_routes_are_in_openapi(live):
     paths = httpx.get(server.url + "/openapi.json", timeout=60).json()["paths"]
     for path in ["/explain/tokens", "/explain/embeddings", "/explain/embeddings/map", "/explain/positions",
                  "/explain/experiments/repeat", "/explain/experiments/length", "/explain/sessions/{key}/lens",
-                 "/explain/sessions/{key}/attention", "/explain/sessions/{key}/attention/detail"]:
+                 "/explain/sessions/{key}/attention", "/explain/sessions/{key}/attention/detail", "/explain/vocab"]:
         assert path in paths
+
+
+def test_vocab_is_a_route_of_its_own_with_an_etag(live):
+    post, served, server = live
+    started = post("/explain/sessions", {"prompt": PROMPT}).json()
+    assert set(started) == {"session", "model", "prompt", "tree"}  # no vocabulary in a session
+    url = server.url + "/explain/vocab"
+    got = httpx.get(url, timeout=120)
+    assert got.status_code == 200 and got.headers["content-type"] == "application/json"
+    vocab, size = got.json(), served.model.config.vocab_size
+    assert (vocab["model"], vocab["vocab_size"]) == (started["model"]["name"], started["model"]["vocab_size"])
+    assert vocab["texts"] == [lesson.token_text(served.tokenizer, i) for i in range(size)]  # ids 0..size-1
+    assert len(vocab["texts"]) == size
+    # the texts the session API reports for tokens are the vocabulary's
+    assert [vocab["texts"][t["id"]] for t in started["prompt"]] == [t["text"] for t in started["prompt"]]
+    step = post(f"/explain/sessions/{started['session']}/step", {"temperature": 0, "top_n": 20}).json()
+    assert [vocab["texts"][r["id"]] for r in step["rows"]] == [r["text"] for r in step["rows"]]
+    assert vocab["texts"][step["step"]["token_id"]] == step["step"]["token_text"]
+    assert [vocab["texts"][t["id"]] for t in step["generated"]] == [t["text"] for t in step["generated"]]
+
+    etag = got.headers["etag"]  # a reload revalidates: the same ETag answers 304 with no body
+    assert etag.startswith('"') and got.headers["cache-control"] == "no-cache"
+    for header in (etag, f'"other", W/{etag}', "*"):
+        again = httpx.get(url, headers={"If-None-Match": header}, timeout=60)
+        assert again.status_code == 304 and again.content == b"" and again.headers["etag"] == etag, header
+    stale = httpx.get(url, headers={"If-None-Match": '"other"'}, timeout=60)
+    assert stale.status_code == 200 and stale.json() == vocab and stale.headers["etag"] == etag
+    named = httpx.get(url, params={"model": served.name}, timeout=60)
+    assert named.json() == vocab and named.headers["etag"] == etag
+    unknown = httpx.get(url, params={"model": "no-such-model"}, timeout=60)
+    assert unknown.status_code == 404 and unknown.json()["error"]["param"] == "model"
+    spec = httpx.get(server.url + "/openapi.json", timeout=60).json()["paths"]["/explain/vocab"]["get"]
+    assert "If-None-Match" in spec["description"] and "304" in spec["responses"]
+    assert [p["name"] for p in spec["parameters"]] == ["model", "if-none-match"]
 
 
 def test_page_is_served_as_es_modules(live):

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from nexttok.generation.sampling import SamplerChain, SamplingParams
+from nexttok.lesson import sections as lesson
 
 PROMPT = "The capital of France is"
 NEUTRAL = {"temperature": 1, "top_k": 0, "top_p": 1, "min_p": 0, "repetition_penalty": 1, "presence_penalty": 0,
@@ -79,6 +80,29 @@ def _check_against_sampling(page, served, explainer, prompt_ids: list[int], step
     assert (draw == "") if u is None else (float(draw) == step_draw)
 
 
+def _check_attention(page, explainer) -> None:
+    """The last position's view shows the step's own weights: a head's as the step sent them, and
+    for "mean" the server's mean over the layer's heads (the page averages nothing itself). The page
+    names its session and the table's node in data-* attributes (it keeps no global)."""
+    (key, opened), = explainer.sessions.items()
+    session = opened.session
+    assert page.get_attribute("#tokens", "data-session") == key
+    node = int(page.get_attribute("#table", "data-node"))
+    assert node == session.nodes[session.current].parent  # the table is the step that made the last token
+    attention = session.forward(node).attention  # per layer (n_head, S)
+    weights = lambda: page.locator("#attention .att").evaluate_all(  # noqa: E731
+        "els => els.map(e => Number(e.dataset.weight))")
+    assert page.input_value("#head") == "mean" and page.input_value("#layer") == "0"
+    assert weights() == pytest.approx(attention[0].mean(0).tolist(), abs=2e-4)
+    page.select_option("#layer", "1")
+    assert weights() == pytest.approx(attention[1].mean(0).tolist(), abs=2e-4)
+    page.select_option("#head", "1")
+    assert weights() == pytest.approx(attention[1][1].tolist(), abs=1e-4)
+    assert attention[1][1].tolist() != pytest.approx(attention[1].mean(0).tolist(), abs=1e-3)  # a head is not the mean
+    page.select_option("#layer", "0")
+    page.select_option("#head", "mean")
+
+
 def _start_and_step(page, server, served, steps: int) -> list[int]:
     page.goto(server.url + "/")
     page.wait_for_selector("#dials[data-ready] #temperature")
@@ -98,7 +122,10 @@ def test_explainer_page(browser, live):
     errors: list[str] = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(str(e)))
+    vocab: list[str] = []  # the vocabulary is fetched once per page load, not with each session
+    page.on("request", lambda r: vocab.append(r.url) if "/explain/vocab" in r.url else None)
     ids = _start_and_step(page, server, served, 3)
+    assert len(vocab) == 1
 
     chips = page.locator("#tokens .chip.prompt")
     assert chips.count() == len(ids)
@@ -117,6 +144,7 @@ def test_explainer_page(browser, live):
     assert "rank" in page.inner_text("#chosen") and "draw u" in page.inner_text("#chosen")
     assert "tokens/s" in page.inner_text("#timing")
     assert page.locator("#attention .att").count() == len(ids) + 2  # keys of the last step
+    _check_attention(page, explainer)
     assert page.evaluate("typeof window.nexttok") == "undefined"  # ES modules: no global
     draw = float(page.get_attribute("#redraw", "data-draw"))
     assert 0 <= draw < 1 and f"draw u = {draw:.3f}" in page.inner_text("#chosen")
@@ -176,8 +204,14 @@ def test_explainer_page(browser, live):
     assert stages[0].startswith("raw: ") and "tokens kept, entropy" in stages[0] and stages[-1].startswith("draw")
     last = int(page.locator("#tokens .chip.generated").last.get_attribute("title").split()[1])
     assert stages[-1].endswith(f"(id {last})")  # the draw names the token the page then shows last
+    drawn = page.locator("#stages li[data-stage=draw]").text_content()  # named from the vocabulary route
+    assert f"{json.dumps(lesson.token_text(served.tokenizer, last), ensure_ascii=False)} (id {last})" in drawn
     assert page.locator("#attention .att").count() == len(ids) + 3  # keys of the last step
     assert "tokens/s" in page.inner_text("#timing")
     for part in ("#tokens", "#dials", "#table", "#stages", "#attention", "#tree", "#timing"):
         assert page.locator(part).is_visible(), part
+    before = page.get_attribute("#tokens", "data-session")
+    page.click("#start")  # a new session on the same model: the page has its vocabulary already
+    page.wait_for_function("(key) => document.querySelector('#tokens').dataset.session !== key", arg=before)
+    assert len(vocab) == 1
     assert not errors, errors

@@ -1,9 +1,11 @@
 """Routes of the explainer page: the static page at /, and a small session API under /explain.
 
 GET /explain/parameters            -> each dial's range, default and meaning; the default order
+GET /explain/vocab?model=          -> the display text of every token id (once per page load: an ETag)
 POST /explain/sessions             {prompt, model?, seed?}  -> prompt tokens, model facts, session id
 POST /explain/sessions/{id}/step   {dials, node?, token_id?, top_n?}
-                                   -> the Step record, rows, attention, timing, the tree
+                                   -> the Step record, rows, attention (and its mean over the heads),
+                                      timing, the tree
 POST /explain/sessions/{id}/redraw {dials, node, top_n?}
                                    -> the Step the same u gives under these dials, rows (no new node)
 POST /explain/sessions/{id}/goto   {node}  -> makes a node of the tree current
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
+import json
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
@@ -25,7 +29,7 @@ from pathlib import Path
 from typing import Annotated
 
 import anyio
-from fastapi import FastAPI, Response
+from fastapi import FastAPI, Header, Response
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import Field
@@ -40,10 +44,19 @@ from nexttok.server.lesson.sections import install_lesson
 from nexttok.server.schemas import Strict, bounded
 
 STATIC = Path(__file__).parent / "static"
+VOCAB_CACHING = "no-cache"  # a copy may be kept, and is checked with If-None-Match before each use
 MAX_SESSIONS = 8
 MAX_CONTEXT = 4096
 
 ServedFor = Callable[[str | None], ServedModel]  # a model name (None: the only one) -> the model
+
+
+@dataclasses.dataclass(frozen=True)
+class Vocabulary:
+    """GET /explain/vocab's answer for one model, built once: the JSON body and its ETag."""
+
+    body: bytes
+    etag: str
 
 
 @dataclasses.dataclass
@@ -51,7 +64,15 @@ class ModelState:
     """What the explainer keeps per served model."""
 
     lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)  # sessions run one at a time
-    vocab_texts: list[str] | None = None  # display text of every id, for the page
+    vocab: Vocabulary | None = None  # display text of every id, for the page
+
+
+class VocabResponse(Strict):
+    """The display text of every token id of a model: texts[id] for ids 0..vocab_size-1."""
+
+    model: str
+    vocab_size: int
+    texts: list[str] = Field(description="an id the tokenizer lacks (a padding row) shows as <id>")
 
 
 @dataclasses.dataclass
@@ -164,8 +185,8 @@ def install_explainer(app: FastAPI, served_for: ServedFor) -> None:
         config = served.model.config
         facts = {"name": served.name, "layers": config.num_hidden_layers, "heads": config.num_attention_heads,
                  "vocab_size": config.vocab_size, "context": session.cache.max_len}
-        return {"session": key, "vocab": _vocab(served, explainer.state(served)), "model": facts,
-                "prompt": _chips(served.tokenizer, session.prompt_ids), "tree": session.tree()}
+        return {"session": key, "model": facts, "prompt": _chips(served.tokenizer, session.prompt_ids),
+                "tree": session.tree()}
 
     @app.delete("/explain/sessions/{key}")
     async def stop(key: str):
@@ -173,8 +194,28 @@ def install_explainer(app: FastAPI, served_for: ServedFor) -> None:
         del explainer.sessions[key]
         return {"deleted": key}
 
+    _install_vocab_route(app, explainer)
     _install_step_routes(app, explainer)
     install_lesson(app, explainer)
+
+
+def _install_vocab_route(app: FastAPI, explainer: Explainer) -> None:
+    @app.get("/explain/vocab", response_model=VocabResponse,
+             responses={304: {"description": "If-None-Match names the current ETag: the copy the client "
+                                             "holds is still the model's vocabulary"}})
+    async def vocabulary(model: str | None = None,
+                         if_none_match: Annotated[str | None, Header(description="an ETag this route sent")] = None):
+        """The display text of every token id of the model, for the page's tables (a session's
+        answers name ids). Fetched once per page load instead of with each session: it is sent with
+        an ETag and Cache-Control: no-cache, so a reload asks again with If-None-Match and gets 304."""
+        served = explainer.served_for(model)
+        state = explainer.state(served)
+        if state.vocab is None:
+            state.vocab = await anyio.to_thread.run_sync(lambda: _vocabulary(served))
+        headers = {"ETag": state.vocab.etag, "Cache-Control": VOCAB_CACHING}
+        if etag_matches(if_none_match, state.vocab.etag):
+            return Response(status_code=304, headers=headers)
+        return Response(state.vocab.body, media_type="application/json", headers=headers)
 
 
 def _install_step_routes(app: FastAPI, explainer: Explainer) -> None:
@@ -187,7 +228,8 @@ def _install_step_routes(app: FastAPI, explainer: Explainer) -> None:
                 lambda: session.step(params, body.node, body.token_id, body.top_n, body.use_cache))
         view["step"] = dataclasses.asdict(view["step"])
         path = session.path(view["child"])
-        return {**view, "tree": session.tree(), "current": session.current,
+        return {**view, "attention_mean": head_means(view["attention"]), "tree": session.tree(),
+                "current": session.current,
                 "generated": _chips(opened.served.tokenizer, path), "text": session.text(view["child"])}
 
     @app.post("/explain/sessions/{key}/redraw")
@@ -207,12 +249,28 @@ def _install_step_routes(app: FastAPI, explainer: Explainer) -> None:
                 "generated": _chips(opened.served.tokenizer, session.path(session.current))}
 
 
-def _vocab(served: ServedModel, state: ModelState) -> list[str]:
-    """Display text of every id the model can produce (computed once per model)."""
-    if state.vocab_texts is None:
-        size = served.model.config.vocab_size
-        state.vocab_texts = [lesson.token_text(served.tokenizer, i) for i in range(size)]
-    return state.vocab_texts
+def _vocabulary(served: ServedModel) -> Vocabulary:
+    """The display text of every id the model can produce, as GET /explain/vocab's body."""
+    size = served.model.config.vocab_size
+    texts = [lesson.token_text(served.tokenizer, i) for i in range(size)]
+    body = json.dumps({"model": served.name, "vocab_size": size, "texts": texts}, ensure_ascii=False,
+                      separators=(",", ":")).encode()
+    return Vocabulary(body, f'"{hashlib.sha256(body).hexdigest()[:32]}"')
+
+
+def etag_matches(if_none_match: str | None, etag: str) -> bool:
+    """Whether an If-None-Match header names etag (weak comparison, RFC 9110 §13.1.2):
+    etag_matches('W/"a", "b"', '"b"') -> True; etag_matches('"a"', '"b"') -> False; "*" matches any."""
+    if not if_none_match:
+        return False
+    tags = [tag.strip().removeprefix("W/") for tag in if_none_match.split(",")]
+    return "*" in tags or etag in tags
+
+
+def head_means(attention: list[list[list[float]]]) -> list[list[float]]:
+    """Per layer, the mean over its heads of the last position's weights (the page's head "mean"):
+    head_means([[[0.5, 0.5], [1.0, 0.0]]]) == [[0.75, 0.25]]."""
+    return [[round(sum(column) / len(heads), 4) for column in zip(*heads, strict=True)] for heads in attention]
 
 
 def _chips(tokenizer, ids: list[int]) -> list[dict]:

@@ -17,6 +17,17 @@ export async function api(method, path, body) {
 // one a demonstration opens for itself).
 export const sessionPath = (key, view) => `/explain/sessions/${key}/${view}`;
 
+// The display text of every token id of a model (GET /explain/vocab): fetched once per page load and
+// model; the route's ETag lets a reload revalidate instead of downloading the list again.
+const vocabularies = new Map();  // model name -> its promised list of texts
+export function loadVocab(model) {
+  if (!vocabularies.has(model)) {
+    const texts = api("GET", `/explain/vocab?model=${encodeURIComponent(model)}`).then((d) => d.texts);
+    vocabularies.set(model, texts.catch((e) => { vocabularies.delete(model); throw e; }));  // a failure is tried again
+  }
+  return vocabularies.get(model);
+}
+
 // The requests of the lesson's views: the newest answer of a view wins (an older one still in
 // flight is dropped), and errors stay on the view's own line (#VIEW-error).
 export function viewRequests() {

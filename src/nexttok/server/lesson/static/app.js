@@ -7,7 +7,7 @@
 // through on(): nothing is global. What the page shows is also in data-* attributes a test reads:
 // #tokens[data-session] (the session's key), #table[data-node] (the node whose step the table shows).
 
-import { api, sessionPath } from "./api.js";
+import { api, loadVocab, sessionPath } from "./api.js";
 import { byId } from "./dom.js";
 import { pctFixed, visible } from "./format.js";
 
@@ -67,8 +67,8 @@ async function start() {
     const request = { prompt: byId("prompt").value };
     if (byId("context").value) request.context = Number(byId("context").value);
     const data = await api("POST", "/explain/sessions", request);
-    Object.assign(state, { session: data.session, model: data.model, prompt: data.prompt, vocab: data.vocab,
-                           view: null });
+    const vocab = await loadVocab(data.model.name);  // once per model: the session does not carry it
+    Object.assign(state, { session: data.session, model: data.model, prompt: data.prompt, vocab, view: null });
     byId("tokens").dataset.session = data.session;
     byId("model-name").textContent = `${data.model.name} · ${data.model.layers} layers · ${data.model.heads} heads`;
     fillSelect(byId("layer"), data.model.layers);
@@ -155,7 +155,7 @@ function renderTokens(prompt, generated) {
   if (generated.length) box.lastChild.classList.add("last");
 }
 
-// tokenText(id): the display text of any id of the session's model.
+// tokenText(id): the display text of any id of the session's model (GET /explain/vocab).
 export const tokenText = (id) => state.vocab[id] ?? `#${id}`;
 
 // The table of the step: the model's top 10 (p) and, filled by renderDrawn, after the chain (q).
@@ -246,11 +246,9 @@ function renderOrder() {
 function renderAttention() {
   const view = state.view;
   if (!view || !view.attention.length) return;
-  const layer = view.attention[Number(byId("layer").value) || 0];
-  const head = byId("head").value;
-  const weights = head === "mean"
-    ? layer[0].map((_, j) => layer.reduce((acc, h) => acc + h[j], 0) / layer.length)
-    : layer[Number(head)];
+  const layer = Number(byId("layer").value) || 0;
+  const head = byId("head").value;  // "mean": the server's mean over the layer's heads
+  const weights = head === "mean" ? view.attention_mean[layer] : view.attention[layer][Number(head)];
   const tokens = [...state.prompt, ...view.generated].slice(0, weights.length);
   const max = Math.max(...weights);
   byId("attention").replaceChildren(...tokens.map((t, j) => {
