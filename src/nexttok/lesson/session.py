@@ -191,7 +191,8 @@ class ExplainSession:
         return {
             "node": node.id, "child": child.id, "step": self._step(node, child.token_id, forward, sampled, top_n),
             **self._table(forward, sampled, top_n),
-            "attention": [[[round(float(w), 4) for w in head] for head in layer] for layer in forward.attention],
+            "attention": [layer.tolist() for layer in forward.attention],  # per layer (n_head, S)
+            "attention_mean": [layer.mean(0).tolist() for layer in forward.attention],  # per layer (S,)
             "timing": {"tokens": forward.tokens, "seconds": forward.seconds, "prefill": forward.prefill,
                        "cached": forward.cached},
             "stop": {"ids": self.stop_ids, "p": lesson.stop_probability(self.model, forward.logits, self.stop_ids),

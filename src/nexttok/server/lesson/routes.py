@@ -228,7 +228,9 @@ def _install_step_routes(app: FastAPI, explainer: Explainer) -> None:
                 lambda: session.step(params, body.node, body.token_id, body.top_n, body.use_cache))
         view["step"] = dataclasses.asdict(view["step"])
         path = session.path(view["child"])
-        return {**view, "attention_mean": head_means(view["attention"]), "tree": session.tree(),
+        view["attention"] = [[_rounded(head) for head in layer] for layer in view["attention"]]
+        view["attention_mean"] = [_rounded(layer) for layer in view["attention_mean"]]
+        return {**view, "tree": session.tree(),
                 "current": session.current,
                 "generated": _chips(opened.served.tokenizer, path), "text": session.text(view["child"])}
 
@@ -267,10 +269,9 @@ def etag_matches(if_none_match: str | None, etag: str) -> bool:
     return "*" in tags or etag in tags
 
 
-def head_means(attention: list[list[list[float]]]) -> list[list[float]]:
-    """Per layer, the mean over its heads of the last position's weights (the page's head "mean"):
-    head_means([[[0.5, 0.5], [1.0, 0.0]]]) == [[0.75, 0.25]]."""
-    return [[round(sum(column) / len(heads), 4) for column in zip(*heads, strict=True)] for heads in attention]
+def _rounded(weights: list[float]) -> list[float]:
+    """Attention weights as the page shows them: 4 places (a tenth of the JSON a float takes)."""
+    return [round(w, 4) for w in weights]
 
 
 def _chips(tokenizer, ids: list[int]) -> list[dict]:
