@@ -83,8 +83,15 @@ def _variants(base: dict) -> dict[str, dict]:
 
 @pytest.fixture(scope="session", autouse=True)
 def nexttok_home(tmp_path_factory):
-    """Converted checkpoints go to a test folder, never the user's cache."""
+    """Converted checkpoints go to a test folder, never the user's cache. The block kernels that
+    scripts/setup.sh built there come along (a build is keyed by its sources, and takes ~40 s of
+    both cores: inside a test it would run into the page tests' browser timeouts)."""
+    from nexttok.home import cache_home
+
     home = tmp_path_factory.getbasetemp() / "nexttok-home"
+    built = cache_home() / "kernels"
+    if built.is_dir():
+        shutil.copytree(built, home / "kernels", dirs_exist_ok=True)
     previous = os.environ.get("NEXTTOK_HOME")
     os.environ["NEXTTOK_HOME"] = str(home)
     yield home

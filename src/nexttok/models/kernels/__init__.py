@@ -47,7 +47,9 @@ _state: dict[str, object] = {}
 
 
 def _build_dir() -> Path:
-    digest = hashlib.sha256(torch.__version__.encode())
+    """Keyed by torch's version, the sources and where they are: ninja's build file names the
+    sources by path, so two checkouts sharing one folder would rebuild it in turn."""
+    digest = hashlib.sha256(torch.__version__.encode() + str(CSRC.resolve()).encode())
     for name in sorted(p.name for p in CSRC.iterdir()):
         digest.update(name.encode() + (CSRC / name).read_bytes())
     return cache_home() / "kernels" / digest.hexdigest()[:16]
