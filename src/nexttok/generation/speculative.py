@@ -33,7 +33,7 @@ import torch
 
 from nexttok.generation.loop import Draft, Generation, Step, prompt_ids_for
 from nexttok.generation.prefill import prefill
-from nexttok.generation.sampling import Sample, SamplingParams, pick
+from nexttok.generation.sampling import Sample, SamplingParams, check_logits, pick
 from nexttok.generation.stages import NEG_INF
 from nexttok.models import Model
 from nexttok.models.cache import KVCache
@@ -155,18 +155,18 @@ def verify(generation: Generation, logits: torch.Tensor, proposed: int | None) -
     with probability p(draft)), else the target's own (see above)."""
     chain = generation.chain
     start = time.perf_counter()
+    check_logits(logits)
     final = chain.apply(logits.float())
-    if chain.greedy:
-        return Sample(int(torch.argmax(final)), final, None, None, time.perf_counter() - start)
-    uniforms = chain.selector.uniforms
-    if proposed is not None:
+    if not chain.greedy and proposed is not None:
+        uniforms = chain.selector.uniforms
         u = uniforms.next()
         if u < float(final.softmax(-1)[proposed]):
             return Sample(proposed, final, u, None, time.perf_counter() - start)
+        # refused: p without the draft, renormalised by the draw (some other token is alive, since
+        # a draft holding all of p is never refused)
         rest = final.clone()
-        rest[proposed] = NEG_INF  # p without the refused draft, renormalised by the draw
-        if bool((rest > NEG_INF).any()):
-            u = uniforms.next()
-            return Sample(pick(rest, u), final, u, None, time.perf_counter() - start)
-    u = uniforms.next()
-    return Sample(pick(final, u), final, u, None, time.perf_counter() - start)
+        rest[proposed] = NEG_INF
+        u = uniforms.next()
+        return Sample(pick(rest, u), final, u, None, time.perf_counter() - start)
+    token, u = chain.selector.select(final)  # greedy, or nothing drafted here: the plain pick
+    return Sample(token, final, u, None, time.perf_counter() - start)
