@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+import anyio
 from fastapi import FastAPI
 
 from nexttok.errors import InvalidParameter
@@ -175,7 +176,8 @@ async def _answer(body: SamplingFields, runs: list[Run], fmt: ResponseFormat, pl
     try:
         if body.stream_options is not None and not body.stream:
             raise InvalidParameter("stream_options", "stream_options is only allowed when stream is true")
-        trace = tracer(served, plan, bool(body.nexttok and body.nexttok.trace))
+        wanted = bool(body.nexttok and body.nexttok.trace)
+        trace = await anyio.to_thread.run_sync(tracer, served, plan) if wanted else None
     except Exception:
         await close(runs)
         raise

@@ -19,10 +19,9 @@ from nexttok.server.engine import ServedModel
 Tracer = Callable[[list[int], int, list[Step]], dict]  # (prompt ids, choice index, steps) -> a choice's trace
 
 
-def tracer(served: ServedModel, plan, wanted: bool) -> Tracer | None:
-    """What turns a finished choice into its trace, when the request asked for traces."""
-    if not wanted:
-        return None
+def tracer(served: ServedModel, plan) -> Tracer:
+    """What turns a finished choice into its trace. It hashes the checkpoint (once per file and
+    change; ~1 s a GB): call it off the event loop."""
     if served.path is None:
         raise InvalidParameter("nexttok", f"model {served.name!r} was not loaded from a checkpoint file: "
                                "a trace names its checkpoint by sha256")
