@@ -87,11 +87,12 @@ def nexttok_home(tmp_path_factory):
     scripts/setup.sh built there come along (a build is keyed by its sources, and takes ~40 s of
     both cores: inside a test it would run into the page tests' browser timeouts)."""
     from nexttok.home import cache_home
+    from nexttok.models import kernels
 
     home = tmp_path_factory.getbasetemp() / "nexttok-home"
-    built = cache_home() / "kernels"
+    built = kernels.build_dir()  # in the user's cache: NEXTTOK_HOME is not ours yet
     if built.is_dir():
-        shutil.copytree(built, home / "kernels", dirs_exist_ok=True)
+        shutil.copytree(built, home / built.relative_to(cache_home()), dirs_exist_ok=True)
     previous = os.environ.get("NEXTTOK_HOME")
     os.environ["NEXTTOK_HOME"] = str(home)
     yield home

@@ -46,9 +46,10 @@ TILE = 8  # rows per tile
 _state: dict[str, object] = {}
 
 
-def _build_dir() -> Path:
-    """Keyed by torch's version, the sources and where they are: ninja's build file names the
-    sources by path, so two checkouts sharing one folder would rebuild it in turn."""
+def build_dir() -> Path:
+    """Where this build of the kernels lives in the nexttok cache: keyed by torch's version, the
+    sources and where they are (ninja's build file names the sources by path, so two checkouts
+    sharing one folder would rebuild it in turn)."""
     digest = hashlib.sha256(torch.__version__.encode() + str(CSRC.resolve()).encode())
     for name in sorted(p.name for p in CSRC.iterdir()):
         digest.update(name.encode() + (CSRC / name).read_bytes())
@@ -77,7 +78,7 @@ def load(verbose: bool = False):
 def _compile(verbose: bool):
     from torch.utils.cpp_extension import load as build
 
-    directory = _build_dir()
+    directory = build_dir()
     directory.mkdir(parents=True, exist_ok=True)
     module = build(name="nexttok_q", sources=[str(CSRC / s) for s in SOURCES], build_directory=str(directory),
                    extra_cflags=["-O3", "-fno-math-errno", "-fopenmp"], extra_ldflags=["-fopenmp"],
