@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import time
 
@@ -127,8 +128,6 @@ def cmd_diff(args: argparse.Namespace, out: Console) -> int:
 
 
 def _p(step: dict) -> float:
-    import math
-
     return math.exp(step["logprob"])
 
 

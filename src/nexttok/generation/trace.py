@@ -16,6 +16,7 @@ reading one says so.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import time
@@ -75,10 +76,8 @@ def grammar_record(schema: dict | None) -> dict | None:
 
 
 def sampling_record(params: SamplingParams) -> dict:
-    return {"temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p, "min_p": params.min_p,
-            "repetition_penalty": params.repetition_penalty, "presence_penalty": params.presence_penalty,
-            "frequency_penalty": params.frequency_penalty,
-            "logit_bias": {str(k): v for k, v in params.logit_bias.items()}, "seed": params.seed,
+    """Every field of params, as JSON holds them (logit_bias keys as strings)."""
+    return {**dataclasses.asdict(params), "logit_bias": {str(k): v for k, v in params.logit_bias.items()},
             "order": list(params.order)}
 
 
