@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -92,13 +92,25 @@ class ModelDrafter:
 
 
 @dataclass
+class Refusal:
+    """A draft the model refused: at step `index` the drafter proposed token_id, to which the
+    distribution the rule read (the chain's, after its settings) gave probability p."""
+
+    index: int
+    token_id: int
+    p: float
+
+
+@dataclass
 class Rounds:
-    """How a speculative generation went: drafted and accepted tokens, target forward passes."""
+    """How a speculative generation went: drafted and accepted tokens, target forward passes, and
+    each refusal (a Step says only that its draft was refused, not how likely the draft was)."""
 
     drafted: int = 0
     accepted: int = 0
     forwards: int = 0  # the model's forward calls after the prefill (one per round)
     tokens: int = 0  # tokens generated after the first
+    refusals: list[Refusal] = field(default_factory=list)
 
     @property
     def acceptance(self) -> float:
@@ -143,6 +155,8 @@ def speculative_stream(model: Model, tokenizer: Tokenizer, prompt: str | Sequenc
             step = generation.take(chosen, row, elapsed, False, None if proposed is None else Draft(proposed, agreed))
             rounds.accepted += agreed
             rounds.tokens += 1
+            if proposed is not None and not agreed:
+                rounds.refusals.append(Refusal(step.index, proposed, float(chosen.logits.softmax(-1)[proposed])))
             context.append(step.token_id)
             yield step
             if step.finish_reason or not agreed:
