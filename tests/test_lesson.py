@@ -165,6 +165,3 @@ def test_rope_angles_and_distance_score_equal_hf_rotation(rope_pair):
 
 def test_small_helpers():
     assert lesson.cost(1500, 2.0) == pytest.approx(0.003)
-    assert lesson.first_divergence([1, 2, 3], [1, 2, 3]) is None
-    assert lesson.first_divergence([1, 2, 3], [1, 4, 3]) == 1
-    assert lesson.first_divergence([1, 2], [1, 2, 5]) == 2

@@ -136,7 +136,8 @@ def test_lesson_routes_are_in_openapi(live):
     _, _, server = live
     paths = httpx.get(server.url + "/openapi.json", timeout=60).json()["paths"]
     for path in ["/explain/tokens", "/explain/embeddings", "/explain/embeddings/map", "/explain/positions",
-                 "/explain/experiments/repeat", "/explain/experiments/length", "/explain/sessions/{key}/lens",
+                 "/explain/experiments/repeat", "/explain/experiments/length", "/explain/experiments/speculative",
+                 "/explain/traces/diff", "/explain/sessions/{key}/trace", "/explain/sessions/{key}/lens",
                  "/explain/sessions/{key}/attention", "/explain/sessions/{key}/attention/detail", "/explain/vocab"]:
         assert path in paths
 

@@ -198,14 +198,6 @@ def cost(tokens: int, price_per_million: float) -> float:
     return tokens * price_per_million / 1e6
 
 
-def first_divergence(a: list[int], b: list[int]) -> int | None:
-    """The first step where two token sequences differ (None: equal). first_divergence([1, 2], [1, 3]) == 1"""
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
 def _position(inspection: Inspection, position: int, name: str = "position") -> int:
     t = len(inspection.ids)
     if not -t <= position < t:

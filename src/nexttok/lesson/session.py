@@ -30,6 +30,7 @@ from nexttok.lesson import sections as lesson
 from nexttok.models import Model
 from nexttok.models.attention import AttentionCapture
 from nexttok.models.cache import KVCache
+from nexttok.tokenizers.detokenizer import IncrementalDetokenizer
 from nexttok.tokenizers.tokenizer import Tokenizer
 
 MAX_NODES = 2000
@@ -47,6 +48,28 @@ class Node:
     depth: int  # generated tokens on the path
     children: list[int] = field(default_factory=list)
     draw: float | None = None  # the uniform number of draws from here (kept: dials compare like with like)
+    made: Made | None = None  # how the step that leads here went (None for the root)
+
+
+@dataclass
+class Made:
+    """The step that made a node, as the session recorded it: its Step, the dials it was sampled
+    with, and whether its forward pass used the KV cache."""
+
+    step: Step
+    params: SamplingParams
+    cached: bool
+
+
+@dataclass
+class PathRun:
+    """The path to a node as one generation: its Steps (each with the text it releases, the last
+    with why the run ends there), the dials every step used (with the session's seed), and whether
+    every forward pass used the KV cache."""
+
+    steps: list[Step]
+    params: SamplingParams
+    use_cache: bool
 
 
 @dataclass
@@ -62,7 +85,8 @@ class Forward:
 class ExplainSession:
     def __init__(self, model: Model, tokenizer: Tokenizer, prompt: str | list[int], *, max_len: int = 1024,
                  seed: int | None = None):
-        self.model, self.tokenizer = model, tokenizer
+        self.model, self.tokenizer, self.seed = model, tokenizer, seed
+        self.prompt_text = prompt if isinstance(prompt, str) else None
         config = model.config
         limit = context_window(config, max_len)
         self.prompt_ids = prompt_ids_for(model, tokenizer, prompt, limit)
@@ -188,8 +212,9 @@ class ExplainSession:
         sampled = self._sample(params, node, forward)
         child = self.child(node.id, sampled.token_id if token_id is None else token_id)
         self.current = child.id
+        child.made = Made(self._step(node, child.token_id, forward, sampled, top_n), params, forward.cached)
         return {
-            "node": node.id, "child": child.id, "step": self._step(node, child.token_id, forward, sampled, top_n),
+            "node": node.id, "child": child.id, "step": child.made.step,
             **self._table(forward, sampled, top_n),
             "attention": [layer.tolist() for layer in forward.attention],  # per layer (n_head, S)
             "attention_mean": [layer.mean(0).tolist() for layer in forward.attention],  # per layer (S,)
@@ -243,6 +268,42 @@ class ExplainSession:
 
     def _text(self, token_id: int) -> str:
         return self.tokenizer.pieces([token_id])[0].text
+
+    def run(self, node_id: int) -> PathRun:
+        """The path to node_id as one generation (PathRun), for a trace. Refused, naming the step,
+        where it is not one: nothing generated yet, steps sampled with other dials, or a path that
+        goes on past a stop token (a generation ends there)."""
+        path = self._made_path(node_id)
+        if not path:
+            raise InvalidParameter("node", "the path has no generated tokens yet: step first")
+        first = path[0].params
+        for made in path[1:]:
+            if made.params != first:
+                changed = [f.name for f in dataclasses.fields(first)
+                           if getattr(made.params, f.name) != getattr(first, f.name)]
+                raise InvalidParameter("node", f"step {made.step.index + 1} of the path was sampled with other "
+                                       f"dials than step 1 ({', '.join(changed)}): a trace records one setting")
+        detok = IncrementalDetokenizer(self.tokenizer, skip_special=True)  # as Generation releases text
+        steps = []
+        for i, made in enumerate(path):
+            step, last = made.step, i == len(path) - 1
+            stop = step.token_id in self.stop_ids
+            if stop and not last:
+                raise InvalidParameter("node", f"the path goes on past the stop token at step {i + 1}: "
+                                       "a generation ends there")
+            text = detok.flush() if stop else detok.add(step.token_id) + (detok.flush() if last else "")
+            reason = ("stop" if stop else "length") if last else None  # "length": the run's max_tokens
+            steps.append(dataclasses.replace(step, text=text, finish_reason=reason))
+        return PathRun(steps, dataclasses.replace(first, seed=self.seed), all(m.cached for m in path))
+
+    def _made_path(self, node_id: int) -> list[Made]:
+        """The Made records from the prompt's end down to node_id."""
+        made, node = [], self.node(node_id)
+        while node.parent is not None:
+            assert node.made is not None  # every node below the root was made by a step
+            made.append(node.made)
+            node = self.nodes[node.parent]
+        return made[::-1]
 
     def goto(self, node_id: int) -> None:
         """Make node_id current: the next step continues from there."""

@@ -19,13 +19,19 @@ from nexttok.server.engine import ServedModel
 Tracer = Callable[[list[int], int, list[Step]], dict]  # (prompt ids, choice index, steps) -> a choice's trace
 
 
-def tracer(served: ServedModel, plan) -> Tracer:
-    """What turns a finished choice into its trace. It hashes the checkpoint (once per file and
-    change; ~1 s a GB): call it off the event loop."""
+def served_sha256(served: ServedModel, param: str = "nexttok") -> str:
+    """The sha256 a trace names the served model's checkpoint by (hashed once per file and change,
+    ~1 s a GB: call it off the event loop); a model loaded from no file is refused naming param."""
     if served.path is None:
-        raise InvalidParameter("nexttok", f"model {served.name!r} was not loaded from a checkpoint file: "
+        raise InvalidParameter(param, f"model {served.name!r} was not loaded from a checkpoint file: "
                                "a trace names its checkpoint by sha256")
-    sha256 = checkpoint_sha256(served.path)
+    return checkpoint_sha256(served.path)
+
+
+def tracer(served: ServedModel, plan) -> Tracer:
+    """What turns a finished choice into its trace. It hashes the checkpoint (served_sha256): call
+    it off the event loop."""
+    sha256 = served_sha256(served)
 
     def trace(ids: list[int], index: int, steps: list[Step]) -> dict:
         header = trace_header(served.model, name=served.name, path=served.path, sha256=sha256, prompt_text=None,

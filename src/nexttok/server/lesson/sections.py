@@ -9,8 +9,12 @@ POST /explain/tokens       {text, price_input?, price_output?, output_tokens?} -
 POST /explain/embeddings   {word, k?}  -> the word's vector and its nearest neighbours by cosine
 POST /explain/embeddings/map  {words}  -> a 2-D PCA map of the words and their pairwise cosines
 POST /explain/positions    {count?, distance?}  -> learned position similarity or RoPE angles and decay
-POST /explain/experiments/repeat  {prompt, max_tokens?, seed?}  -> 2 runs at temperature 0, 2 at 1
+POST /explain/experiments/repeat  {prompt, max_tokens?, seed?}  -> 2 runs at temperature 0, 2 at 1, each
+                                  a trace, and each pair's diff view (traces.py)
 POST /explain/experiments/length  {prompt, lengths?, price_input?, price_output?}  -> time and cost per length
+POST /explain/experiments/speculative  {prompt, max_tokens?, draft_tokens?, temperature?, seed?}
+                                  -> each token's draft (none, accepted, refused: the proposal and the
+                                     distribution it was refused by), the acceptance, tokens per forward
 
 The session views share one capture forward per node (ExplainSession.inspect), made only when
 asked. Numbers are rounded to 5 significant digits for the page.
@@ -18,6 +22,7 @@ asked. Numbers are rounded to 5 significant digits for the page.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
 import anyio
@@ -25,13 +30,18 @@ import torch
 from fastapi import FastAPI
 from pydantic import Field
 
-from nexttok.generation.loop import generate
+from nexttok.generation.diff import diff_traces
+from nexttok.generation.loop import generate, prompt_ids_for
 from nexttok.generation.sampling import SamplingParams
+from nexttok.generation.speculative import DRAFT_TOKENS, NgramDrafter, Refusal, Rounds, speculative_stream
 from nexttok.lesson import sections as lesson
-from nexttok.server.schemas import Strict
+from nexttok.server.lesson.traces import diff_view, install_traces, lesson_trace, trace_lines
+from nexttok.server.schemas import Strict, bounded
+from nexttok.server.traces import served_sha256
 
 Price = Annotated[float, Field(ge=0, le=1000, description="US dollars per million tokens")]
 Word = Annotated[str, Field(min_length=1, max_length=64)]
+SPECULATIVE_ROWS = 10  # rows of the model's distribution shown where a draft was refused
 
 
 class ModelRequest(Strict):
@@ -85,6 +95,14 @@ class RepeatRequest(ModelRequest):
     seed: int = Field(0, ge=0, le=2**31 - 1)
 
 
+class SpeculativeRequest(ModelRequest):
+    prompt: str = Field(min_length=1, max_length=10_000)
+    max_tokens: int = Field(48, ge=1, le=256)
+    draft_tokens: int = Field(DRAFT_TOKENS, ge=1, le=16, description="tokens the drafter proposes per round")
+    temperature: float = bounded("temperature", 0.0, le=2.0)
+    seed: int = bounded("seed", 0)
+
+
 class LengthRequest(ModelRequest):
     prompt: str = Field(min_length=1, max_length=10_000)
     lengths: Annotated[list[Annotated[int, Field(ge=1, le=1000)]], Field(min_length=1, max_length=4)] = [50, 500]
@@ -110,6 +128,8 @@ def install_lesson(app: FastAPI, explainer) -> None:
     _install_session_views(app, explainer)
     _install_model_views(app, explainer)
     _install_experiments(app, explainer)
+    _install_speculative(app, explainer)
+    install_traces(app, explainer)
 
 
 async def _off_loop(explainer, served, compute):
@@ -196,20 +216,24 @@ def _install_model_views(app: FastAPI, explainer) -> None:
 def _install_experiments(app: FastAPI, explainer) -> None:
     @app.post("/explain/experiments/repeat")
     async def repeat(body: RepeatRequest):
+        """Each run recorded as a trace, and each pair compared as `nexttok diff` compares them."""
         served = explainer.served_for(body.model)
         settings = [(0.0, None), (0.0, None), (1.0, body.seed + 1), (1.0, body.seed + 2)]
+        sha256 = await anyio.to_thread.run_sync(lambda: served_sha256(served, "model"))
 
         def run():
-            return [generate(served.model, served.tokenizer, body.prompt, SamplingParams(temperature=t, seed=s),
-                             max_tokens=body.max_tokens) for t, s in settings]
+            ids = prompt_ids_for(served.model, served.tokenizer, body.prompt)
+            return [lesson_trace(served, sha256, body.prompt, ids, SamplingParams(temperature=t, seed=s),
+                                 body.max_tokens, f"run {k + 1}") for k, (t, s) in enumerate(settings)]
 
-        async with explainer.state(served).lock:
-            done = await anyio.to_thread.run_sync(run)
-        runs = [{"temperature": t, "seed": s, "text": c.text, "finish_reason": c.finish_reason,
-                 "tokens": _texts(served.tokenizer, c.token_ids)} for (t, s), c in zip(settings, done, strict=True)]
-        return {"runs": runs, "divergence": {
-            "temperature_0": lesson.first_divergence(done[0].token_ids, done[1].token_ids),
-            "temperature_1": lesson.first_divergence(done[2].token_ids, done[3].token_ids)}}
+        traces = await _off_loop(explainer, served, run)
+        runs = [{"temperature": t, "seed": s, "text": trace.text, "finish_reason": trace.end["finish_reason"],
+                 "tokens": [{"id": step["id"], "text": step["token_text"]} for step in trace.steps],
+                 "trace": trace_lines(trace)} for (t, s), trace in zip(settings, traces, strict=True)]
+        diffs = {"temperature_0": diff_traces(traces[0], traces[1]),
+                 "temperature_1": diff_traces(traces[2], traces[3])}
+        return {"runs": runs, "diffs": {pair: diff_view(d) for pair, d in diffs.items()},
+                "divergence": {pair: None if d.identical else d.divergence.index for pair, d in diffs.items()}}
 
     @app.post("/explain/experiments/length")
     async def length(body: LengthRequest):
@@ -223,6 +247,45 @@ def _install_experiments(app: FastAPI, explainer) -> None:
             done = await anyio.to_thread.run_sync(run)
         return round5({"price_input": body.price_input, "price_output": body.price_output,
                        "runs": [_length_run(c, body) for c in done]})
+
+
+def _install_speculative(app: FastAPI, explainer) -> None:
+    @app.post("/explain/experiments/speculative")
+    async def speculative(body: SpeculativeRequest):
+        """Prompt lookup drafts verified by the model (generation/speculative.py), token by token."""
+        served = explainer.served_for(body.model)
+        rounds = Rounds()
+        params = SamplingParams(temperature=body.temperature, seed=body.seed)
+
+        def run():
+            return list(speculative_stream(served.model, served.tokenizer, body.prompt, params, NgramDrafter(),
+                                           k=body.draft_tokens, rounds=rounds, max_tokens=body.max_tokens,
+                                           top_n=SPECULATIVE_ROWS))
+
+        steps = await _off_loop(explainer, served, run)
+        refused = {r.index: r for r in rounds.refusals}
+        return round5({"drafter": NgramDrafter.name, "draft_tokens": body.draft_tokens,
+                       "temperature": body.temperature, "seed": body.seed, "greedy": params.temperature == 0,
+                       "tokens": [_drafted(served.tokenizer, s, refused.get(s.index)) for s in steps],
+                       "text": "".join(s.text for s in steps), "finish_reason": steps[-1].finish_reason,
+                       "drafted": rounds.drafted, "accepted": rounds.accepted, "rejected": len(rounds.refusals),
+                       "forwards": rounds.forwards, "acceptance": rounds.acceptance,
+                       "tokens_per_forward": rounds.tokens_per_forward})
+
+
+def _drafted(tokenizer, step, refusal: Refusal | None) -> dict:
+    """A token of a speculative run and its draft: undrafted, accepted, or rejected (with the
+    proposal, its probability, and the distribution the rule read there: the chain's top rows)."""
+    token = {"index": step.index, "id": step.token_id, "text": step.token_text}
+    if step.draft is None:
+        return {**token, "state": "undrafted"}
+    if step.draft.accepted:
+        return {**token, "state": "accepted"}
+    assert refusal is not None and refusal.token_id == step.draft.token_id  # Rounds records every refusal
+    return {**token, "state": "rejected",
+            "proposal": {"id": refusal.token_id, "text": lesson.token_text(tokenizer, refusal.token_id),
+                         "p": refusal.p},
+            "rows": [{"id": a.id, "text": a.text, "p": math.exp(a.logprob)} for a in step.top_filtered]}
 
 
 def _length_run(completion, body: LengthRequest) -> dict:
