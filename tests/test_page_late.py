@@ -13,11 +13,14 @@ from urllib.parse import urlparse
 
 import pytest
 
+from nexttok.generation.diff import diff_traces
 from nexttok.generation.loop import generate
 from nexttok.generation.sampling import SamplingParams
+from nexttok.generation.trace import parse_trace, read_trace
 from nexttok.lesson import sections as lesson
 
 PROMPT = "The capital of France is"
+REPEATING = "one two three four one two three four one two"  # greedy drafts here are taken and refused
 LATE = ["#sec-logits", "#sec-sampling", "#sec-loop", "#sec-stop", "#sec-context", "#sec-experiments"]
 REFUSED_LOAD = "Failed to load resource: the server responded with a status of 400"
 
@@ -256,18 +259,49 @@ def test_step_sections(browser, live):
 
 
 def _check_repeat(page, d: dict, served, prompt: str, max_tokens: int) -> None:
+    """Each pair is shown as its diff: both runs' tokens, the parting token outlined and the ones
+    after it marked, and a panel with the two candidates, the gap and the verdict."""
     runs = page.locator("#exp-repeat .exp-run").evaluate_all(
         "els => els.map(e => [JSON.parse(e.dataset.tokens), Number(e.dataset.temperature), "
-        "[...e.querySelectorAll('.late-chip')].map(c => c.classList.contains('diff'))])")
-    first = [t["id"] for t in d["runs"][0]["tokens"]]
-    for (ids, temperature, diff), run in zip(runs, d["runs"], strict=True):
+        "[...e.querySelectorAll('.late-chip')].map(c => c.className)])")
+    for (ids, temperature, _), run in zip(runs, d["runs"], strict=True):
         assert ids == [t["id"] for t in run["tokens"]] and temperature == run["temperature"]
-        assert diff == [j >= len(first) or first[j] != i for j, i in enumerate(ids)]
     greedy = generate(served.model, served.tokenizer, prompt, SamplingParams(temperature=0), max_tokens=max_tokens)
     assert runs[0][0] == runs[1][0] == greedy.token_ids
+    for pair, first in (("temperature_0", 0), ("temperature_1", 2)):
+        view, box = d["diffs"][pair], f'#exp-repeat .exp-pair[data-pair="{pair}"]'
+        _check_diff(page, box, view)
+        k = view["index"]
+        for classes in (runs[first][2], runs[first + 1][2]):
+            assert ["parting" in c for c in classes] == [j == k for j in range(len(classes))]
+            assert ["parted" in c for c in classes] == [k is not None and j > k for j in range(len(classes))]
+    assert d["diffs"]["temperature_0"]["identical"]
     summary = _data(page, "#exp-repeat-summary")
     for key, pair in (("t0", "temperature_0"), ("t1", "temperature_1")):
         assert summary[key] == ("" if d["divergence"][pair] is None else str(d["divergence"][pair]))
+
+
+def _check_diff(page, box: str, view: dict) -> None:
+    """A diff view shows the route's diff: where the runs part, each candidate's p, the verdict."""
+    shown = _data(page, f"{box} .trace-diff")
+    assert shown["index"] == ("" if view["index"] is None else str(view["index"]))
+    panel = page.locator(f"{box} .diff-panel")
+    verdict = panel.locator(".verdict").inner_text()
+    if view["identical"]:
+        assert verdict.startswith("Identical") and panel.locator("tr[data-run]").count() == 0
+        return
+    rows = panel.locator("tr[data-run]").evaluate_all(
+        "els => els.map(e => [e.dataset.id, e.dataset.p === '' ? null : Number(e.dataset.p)])")
+    assert rows == [["", None] if r["at"] is None else [str(r["at"]["id"]), pytest.approx(r["at"]["p"])]
+                    for r in view["runs"]]
+    if view["gap"] is None:
+        assert "ended" in verdict
+        return
+    assert float(_data(page, f"{box} .diff-panel")["gap"]) == pytest.approx(view["gap"])
+    assert ("a near tie" if view["near_tie"] else "not a near tie") in verdict
+    assert verdict.startswith("Gap p(A) − p(B) = " + ("+" if view["gap"] >= 0 else "−"))
+    bars = panel.locator("rect.cmp").evaluate_all("els => els.map(e => Number(e.dataset.value))")
+    assert bars == pytest.approx([r["at"]["p"] for r in view["runs"]])
 
 
 def _check_length(page, d: dict, lengths: list[int]) -> None:
@@ -356,6 +390,10 @@ def test_experiments_at_400px(browser, live):
     assert body["lengths"] == [3, 12]
     _check_length(page, d, [3, 12])
 
+    page.click("#spec-run")  # the default prompt, its tokens and a refusal's bars fit the width too
+    page.wait_for_selector("#spec-tokens .late-chip")
+    assert rec.answers("/experiments/speculative")[-1][0]["prompt"].startswith("Copy the text exactly.")
+
     _check_quiz(page, rec, served)
     for section in LATE:
         assert page.eval_on_selector(section, "el => el.open")
@@ -381,3 +419,98 @@ def test_bad_lengths_are_refused_on_the_page(browser, live):
     page.wait_for_function("document.querySelector('#repeat-error').textContent !== ''")
     assert "max_tokens" in page.inner_text("#repeat-error")
     assert not rec.unexpected_errors(allowed_400=1), rec.errors
+
+
+def _lines(lines: list[dict]) -> list[str]:
+    return [json.dumps(line, ensure_ascii=False) for line in lines]
+
+
+def test_traces_are_compared_loaded_and_downloaded(browser, live, tmp_path):
+    """(c): the session's trace as A, a trace file as B; the diff is the route's, which is
+    diff_traces of the two; a truncated file is one line of error; the download is the session's."""
+    server, _ = live
+    rec = Recorder(browser, 1280)
+    page = rec.page
+    _start(rec, server, 3)
+    _open(page, "#sec-experiments")
+    page.fill("#exp-max", "6")
+    page.click("#exp-repeat-run")
+    page.wait_for_function("document.querySelectorAll('#exp-repeat .exp-run').length === 4")
+    run = rec.answers("/experiments/repeat")[-1][1]["runs"][2]
+    file = tmp_path / "run-3.jsonl"
+    file.write_text("\n".join(_lines(run["trace"])) + "\n", encoding="utf-8")
+
+    page.click("#trace-session-a")
+    page.wait_for_function("document.querySelector('#trace-name-a').textContent.includes('3 steps')")
+    page.set_input_files("#trace-file-b", str(file))
+    page.wait_for_function("document.querySelector('#trace-name-b').textContent.includes('run-3.jsonl')")
+    page.click("#trace-compare")
+    page.wait_for_selector("#trace-diff .trace-diff")
+    session = rec.answers("/trace")[-1][1]
+    body, view = rec.answers("/traces/diff")[-1]
+    assert [json.loads(line) for line in body["a"]] == session["lines"]
+    assert body["b"] == _lines(run["trace"]) and body["name_b"] == "run-3.jsonl"
+    reference = diff_traces(parse_trace(body["a"], "A"), parse_trace(body["b"], "B"))
+    assert view["index"] == (None if reference.identical else reference.divergence.index)
+    assert [r["tokens"] for r in view["runs"]][1] == run["tokens"]
+    _check_diff(page, "#trace-diff", view)
+
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("\n".join(_lines(run["trace"][:-1])) + "\n", encoding="utf-8")
+    page.set_input_files("#trace-file-b", str(cut))
+    page.wait_for_function("document.querySelector('#trace-name-b').textContent.includes('cut.jsonl')")
+    page.click("#trace-compare")
+    page.wait_for_function("document.querySelector('#traces-error').textContent !== ''")
+    error = page.inner_text("#traces-error")
+    assert "cut.jsonl: truncated: no end line after 6 steps" in error and "\n" not in error
+    assert page.locator("#trace-diff .trace-diff").count() == 0
+
+    with page.expect_download() as download:
+        page.click("#trace-download")
+    saved = tmp_path / "session.jsonl"
+    download.value.save_as(saved)
+    assert read_trace(saved).token_ids == [t["id"] for t in rec.steps()[-1][1]["generated"]]
+    assert not rec.unexpected_errors(allowed_400=1), rec.errors
+
+
+def test_speculative_tokens_show_their_drafts(browser, live):
+    """(d): each token carries its draft's fate; a refused one shows the proposal beside the model's
+    distribution, as the route sent them."""
+    server, _ = live
+    rec = Recorder(browser, 1280)
+    page = rec.page
+    page.goto(server.url + "/")
+    _open(page, "#sec-experiments")
+    page.fill("#spec-prompt", REPEATING)
+    page.fill("#spec-max", "24")
+    page.fill("#spec-k", "4")
+    page.click("#spec-run")
+    page.wait_for_selector("#spec-tokens .late-chip")
+    body, d = rec.answers("/experiments/speculative")[-1]
+    assert body == {"prompt": REPEATING, "max_tokens": 24, "draft_tokens": 4, "temperature": 0, "seed": 0}
+    chips = page.locator("#spec-tokens .late-chip").evaluate_all(
+        "els => els.map(e => [Number(e.dataset.id), e.dataset.state, e.className])")
+    assert [[c[0], c[1]] for c in chips] == [[t["id"], t["state"]] for t in d["tokens"]]
+    assert all(f"spec-{state}" in cls for _, state, cls in chips)
+    states = [t["state"] for t in d["tokens"]]
+    assert "accepted" in states and states.count("rejected") >= 2  # the prompt repeats: both happen
+    summary = _data(page, "#spec-summary")
+    assert (int(summary["accepted"]), int(summary["rejected"])) == (d["accepted"], d["rejected"])
+
+    refused = [t for t in d["tokens"] if t["state"] == "rejected"]
+    for token in (refused[0], refused[-1]):  # the first is shown at once; a click shows another
+        page.click(f'#spec-tokens .late-chip[data-index="{token["index"]}"]')
+        page.wait_for_function(f"document.querySelector('#spec-detail .spec-refusal')?.dataset.index === "
+                               f"'{token['index']}'")
+        shown = _data(page, "#spec-detail .spec-refusal")
+        assert (int(shown["proposal"]), int(shown["taken"])) == (token["proposal"]["id"], token["id"])
+        assert float(shown["p"]) == pytest.approx(token["proposal"]["p"])
+        bars = page.locator("#spec-detail rect.cmp").evaluate_all(
+            "els => els.map(e => [Number(e.dataset.id), Number(e.dataset.value), e.getAttribute('fill')])")
+        rows = token["rows"] + ([] if any(r["id"] == token["proposal"]["id"] for r in token["rows"])
+                                else [token["proposal"]])
+        assert [[i, v] for i, v, _ in bars] == [[r["id"], pytest.approx(r["p"])] for r in rows]
+        colours = {i: fill for i, _, fill in bars}
+        assert colours[token["proposal"]["id"]] != colours[token["id"]]
+        assert token["proposal"]["text"].replace(" ", "␣") in page.inner_text("#spec-detail")
+    assert not rec.unexpected_errors(), rec.errors

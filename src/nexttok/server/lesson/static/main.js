@@ -17,14 +17,16 @@ import * as loop from "./sections/loop.js";
 import * as position from "./sections/position.js";
 import * as quiz from "./sections/quiz.js";
 import * as sampling from "./sections/sampling.js";
+import * as speculative from "./sections/speculative.js";
 import * as stop from "./sections/stop.js";
 import * as tokens from "./sections/tokens.js";
+import * as traces from "./sections/traces.js";
 
 app.install();
 captures.install();  // before sections 4 and 5: their views read the node it follows
 // In the page's order; each section's listeners run in this order too (loop records a step before
 // stop plots it).
 for (const section of [tokens, embeddings, position, attention, layers, logits, sampling, loop, stop, context,
-                       experiments, quiz]) {
+                       experiments, traces, speculative, quiz]) {
   section.build();
 }

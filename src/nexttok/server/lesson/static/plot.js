@@ -163,3 +163,22 @@ export function legend(container, options = {}) {
   container.replaceChildren(root);
   return root;
 }
+
+// Horizontal bars, one per item [{label, value, colour, id?}], to compare one number across them
+// (format writes the number); returns the <svg>, its title in data-title, each bar a rect.cmp.
+export function compareBars(title, items, format) {
+  const width = 560, line = 22, top = 18, name = 100, area = 360;
+  const max = Math.max(...items.map((i) => i.value), 1e-12);
+  const root = svg(width, top + items.length * line + 4);
+  root.dataset.title = title;
+  root.append(el("text", { x: 0, y: 12, "font-size": 12, "font-weight": 600 }, title));
+  items.forEach((item, k) => {
+    const y = top + k * line, w = Math.max((item.value / max) * area, 1);
+    const ids = item.id === undefined ? {} : { "data-id": item.id };
+    root.append(el("text", { x: name - 6, y: y + 15, "text-anchor": "end", "font-size": 12 }, item.label),
+                el("rect", { x: name, y: y + 3, width: w, height: line - 6, fill: item.colour, class: "cmp",
+                             "data-label": item.label, "data-value": item.value, ...ids }),
+                el("text", { x: name + w + 6, y: y + 15, "font-size": 12 }, format(item.value)));
+  });
+  return root;
+}

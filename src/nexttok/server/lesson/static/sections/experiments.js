@@ -1,12 +1,13 @@
-// Section 11 of the lesson, Experiments (a) and (b): the same prompt four times, and how output length
-// drives time and cost (POST /explain/experiments/repeat, /explain/experiments/length). The
-// questions of (c) (quiz.js) run these experiments as their demonstrations.
+// Section 11 of the lesson, Experiments (a) and (b): the same prompt four times, each run a trace and
+// each pair compared as `nexttok diff` compares them, and how output length drives time and cost
+// (POST /explain/experiments/repeat, /explain/experiments/length). The questions of (e) (quiz.js)
+// run these experiments as their demonstrations.
 
 import { viewRequests } from "../api.js";
-import { byId, errorLine, h, label, note, numberInput, row, svgElement as s, svgRoot, tokenChip as chip }
-  from "../dom.js";
+import { byId, errorLine, h, label, note, numberInput, row } from "../dom.js";
 import { ms, usd } from "../format.js";
 import * as Plot from "../plot.js";
+import { diffView, traceLink } from "./traces.js";
 
 const { refuse, ask } = viewRequests();
 
@@ -17,8 +18,9 @@ export function build() {
   byId("lesson-experiments").append(
     label("prompt for the experiments", prompt),
     h("h3", {}, "(a) The same prompt four times"),
-    note("Two runs at temperature 0 (greedy: no draw) and two at temperature 1 (each with its own seed). Tokens " +
-         "that differ from run 1 at the same place are marked; the outlined one is where a pair first parts."),
+    note("Two runs at temperature 0 (greedy: no draw) and two at temperature 1 (each with its own seed), each " +
+         "recorded as a trace. Each pair is compared as nexttok diff compares two traces: the outlined token is where " +
+         "the pair first parts, the marked ones come after it, and the panel shows how likely each run's token was there."),
     row(label("tokens per run", numberInput("exp-max", 24, 1, 128)), label("seed", numberInput("exp-seed", 0, 0, 2 ** 31 - 1)),
         buttons[0]),
     h("div", { id: "exp-repeat" }), h("p", { id: "exp-repeat-summary" }), errorLine("repeat"),
@@ -50,23 +52,21 @@ export async function runRepeat() {
 }
 
 function renderRepeat(d) {
-  const first = d.runs[0].tokens, pairs = [d.divergence.temperature_0, d.divergence.temperature_1];
-  const runs = d.runs.map((run, k) => {
-    const parting = k % 2 === 1 ? pairs[(k - 1) / 2] : null;  // runs 2 and 4 show where their pair parts
-    const chips = run.tokens.map((t, j) => chip(t, [first[j]?.id === t.id ? "" : "diff", j === parting ? "parting" : ""]
-      .join(" ")));
-    return h("div", { className: "exp-run", dataset: { temperature: run.temperature, seed: run.seed ?? "",
-                                                        tokens: JSON.stringify(run.tokens.map((t) => t.id)) } },
-      h("div", { className: "dim" }, `run ${k + 1} · temperature ${run.temperature}` +
-        (run.seed === null ? "" : ` · seed ${run.seed}`) + ` · ended by ${run.finish_reason}`),
-      h("div", { className: "late-chips" }, ...chips));
+  const pairs = [["temperature_0", 0], ["temperature_1", 2]].map(([key, first]) => {
+    const labels = [first, first + 1].map((k) => {
+      const run = d.runs[k];
+      return { title: `run ${k + 1} · temperature ${run.temperature}` + (run.seed === null ? "" : ` · seed ${run.seed}`),
+               dataset: { temperature: run.temperature, seed: run.seed ?? "", run: k + 1 },
+               extra: traceLink(run.trace, `run-${k + 1}.jsonl`, " · download its trace") };
+    });
+    return h("div", { className: "exp-pair", dataset: { pair: key } }, diffView(d.diffs[key], labels));
   });
-  byId("exp-repeat").replaceChildren(...runs);
-  const summary = byId("exp-repeat-summary");
-  Object.assign(summary.dataset, { t0: pairs[0] ?? "", t1: pairs[1] ?? "" });
+  byId("exp-repeat").replaceChildren(...pairs);
+  const summary = byId("exp-repeat-summary"), parts = [d.divergence.temperature_0, d.divergence.temperature_1];
+  Object.assign(summary.dataset, { t0: parts[0] ?? "", t1: parts[1] ?? "" });
   const part = (k, a, b) => (k === null ? `runs ${a} and ${b} are the same, token for token`
     : `runs ${a} and ${b} part at token ${k + 1}`);
-  summary.textContent = `At temperature 0 ${part(pairs[0], 1, 2)}; at temperature 1 ${part(pairs[1], 3, 4)}. ` +
+  summary.textContent = `At temperature 0 ${part(parts[0], 1, 2)}; at temperature 1 ${part(parts[1], 3, 4)}. ` +
     "Once two runs differ in one token, each goes on from its own text, so they rarely meet again.";
 }
 
@@ -112,28 +112,11 @@ function renderLength(d) {
   bars.replaceChildren(...[["total time", (r) => r.seconds, (v) => `${v.toFixed(3)} s`],
                            ["time per token", (r) => r.seconds_per_token, ms],
                            ["cost", (r) => r.cost, usd]].map(([title, get, format]) =>
-    compareBars(title, d.runs.map((r, k) => ({ label: name(r), value: get(r), colour: Plot.PALETTE[k] })), format)));
+    Plot.compareBars(title, d.runs.map((r, k) => ({ label: name(r), value: get(r), colour: Plot.PALETTE[k] })), format)));
   lengthSummary(d.runs);
 }
 
 const costTitle = (r) => `${r.prompt_tokens} input tokens ${usd(r.input_cost)} + ${r.tokens} output tokens ${usd(r.output_cost)}`;
-
-// Horizontal bars, one per run, to compare one number across the runs.
-function compareBars(title, items, format) {
-  const width = 560, line = 22, top = 18, name = 100, area = 360;
-  const max = Math.max(...items.map((i) => i.value), 1e-12);
-  const root = svgRoot(width, top + items.length * line + 4);
-  root.dataset.title = title;
-  root.append(s("text", { x: 0, y: 12, "font-size": 12, "font-weight": 600 }, title));
-  items.forEach((item, k) => {
-    const y = top + k * line, w = Math.max((item.value / max) * area, 1);
-    root.append(s("text", { x: name - 6, y: y + 15, "text-anchor": "end", "font-size": 12 }, item.label),
-                s("rect", { x: name, y: y + 3, width: w, height: line - 6, fill: item.colour, class: "cmp",
-                            "data-label": item.label, "data-value": item.value }),
-                s("text", { x: name + w + 6, y: y + 15, "font-size": 12 }, format(item.value)));
-  });
-  return root;
-}
 
 function lengthSummary(runs) {
   const p = byId("exp-length-summary");

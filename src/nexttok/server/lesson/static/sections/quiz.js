@@ -1,4 +1,4 @@
-// Section 11 (c) of the lesson: questions, each answered by a demonstration on the live model; the
+// Section 11 (e) of the lesson: questions, each answered by a demonstration on the live model; the
 // page marks the choice the demonstration's numbers support.
 
 import { api, sessionPath, viewRequests } from "../api.js";
@@ -140,7 +140,7 @@ async function showLength() {
 
 export function build() {
   byId("lesson-experiments").append(
-    h("h3", {}, "(c) Questions"),
+    h("h3", {}, "(e) Questions"),
     note("Pick an answer, then press “Show me”: the page runs a demonstration on the model and marks the " +
          "answer its numbers support."),
     h("ol", { id: "quiz", className: "quiz" }, ...QUIZ.map(question)));
