@@ -6,6 +6,8 @@ distribution (softmax of its final logits) for a chi-square test, and hand-made 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -118,6 +120,15 @@ def test_run_speculative_prints_acceptance_and_traces_draft_marks(chat_model_dir
     assert f"speculative (ngram): {accepted} of" in out.err and trace.header["runtime"]["speculative"] == {
         "drafter": "ngram", "draft_tokens": 5}
     assert marks[0] is None and drafted >= accepted > 0
+    # the speed-up is the run's own decode rate over plain steps timed after it, as printed
+    err = " ".join(out.err.split())  # rich wraps long lines
+    rate = float(re.search(r"decode ([0-9.]+) tokens/s", err).group(1))
+    ratio, plain, steps, start = re.search(
+        r"speed-up ([0-9.]+)x over plain decoding \(([0-9.]+) tokens/s: (\d+) steps timed from token (\d+)\)",
+        err).groups()
+    assert float(plain) > 0 and int(steps) == 8
+    assert int(start) == len(trace.prompt_ids) + len(trace.steps) // 2
+    assert float(ratio) == pytest.approx(rate / float(plain), rel=0.01, abs=0.01)
     for step, mark in zip(trace.steps, marks, strict=True):
         if mark is not None:  # an accepted draft is the step's token; a refused one is not
             assert (mark["id"] == step["id"]) == mark["accepted"]

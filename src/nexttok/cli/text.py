@@ -76,7 +76,7 @@ def cmd_run(args: argparse.Namespace, out: Console) -> int:
     rounds = _rounds() if drafter else None
     steps = _steps(args, checkpoint, ids, params, stops, _constraint(args, checkpoint, schema), drafter, rounds)
     try:
-        count, finish, prefill, decode = _print_steps(args, steps, trace)
+        count, finish, prefill, decode, generated = _print_steps(args, steps, trace)
     finally:
         if trace is not None:
             trace.close()
@@ -88,7 +88,33 @@ def cmd_run(args: argparse.Namespace, out: Console) -> int:
         err.print(f"[dim]speculative ({drafter.name}): {rounds.accepted} of {rounds.drafted} drafted tokens "
                   f"accepted ({100 * rounds.acceptance:.0f}%); {rounds.tokens_per_forward:.2f} tokens per "
                   f"forward pass of the model[/]")
+        if decode > 0:
+            err.print(f"[dim]{_speed_up(checkpoint, ids, generated, params, (count - 1) / decode)}[/]")
     return 0
+
+
+PLAIN_STEPS = 8  # plain decode steps timed for --speculative's speed-up
+
+
+def _speed_up(checkpoint, ids: list[int], generated: list[int], params, rate: float) -> str:
+    """The speculative run's decode rate against plain decoding's, measured now: PLAIN_STEPS
+    single-token steps (same sampler, same model) from the run's midpoint, where its context
+    stood on average."""
+    from nexttok.generation.loop import context_window, generate
+
+    model, tokenizer = checkpoint.model, checkpoint.tokenizer
+    context = ids + generated[:len(generated) // 2]
+    n = min(PLAIN_STEPS, context_window(model.config) - len(context) - 1)
+    if n < 1:
+        return "speed-up: not measured (no room in the context window for plain steps)"
+    steps = generate(model, tokenizer, context, params, max_tokens=n + 1, stop_token_ids=[],
+                     top_n=traces.TOP_N).steps
+    plain = sum(s.elapsed for s in steps[1:])
+    if len(steps) < 2 or plain <= 0:
+        return "speed-up: not measured (plain decoding stopped at once)"
+    plain_rate = (len(steps) - 1) / plain
+    return (f"speed-up {rate / plain_rate:.2f}x over plain decoding ({plain_rate:.1f} tokens/s: "
+            f"{len(steps) - 1} steps timed from token {len(context)})")
 
 
 def _prompt_ids(model, tokenizer, prompt: str) -> list[int]:
@@ -143,11 +169,11 @@ def _steps(args, checkpoint, ids, params, stops, constraint, drafter, rounds):
                               rounds=rounds, **options)
 
 
-def _print_steps(args: argparse.Namespace, steps, trace) -> tuple[int, str | None, float, float]:
+def _print_steps(args: argparse.Namespace, steps, trace) -> tuple[int, str | None, float, float, list[int]]:
     """Each step's text (or JSON record) as it comes, into the trace too: (tokens, finish reason,
-    prefill seconds, decode seconds)."""
+    prefill seconds, decode seconds, the token ids)."""
     prefill = decode = 0.0
-    count, finish = 0, None
+    count, finish, generated = 0, None, []
     for step in steps:
         if trace is not None:
             trace.step(step)
@@ -159,10 +185,11 @@ def _print_steps(args: argparse.Namespace, steps, trace) -> tuple[int, str | Non
         prefill += step.elapsed if step.prefill else 0.0
         decode += 0.0 if step.prefill else step.elapsed
         count, finish = count + 1, step.finish_reason
+        generated.append(step.token_id)
     if not args.json:
         sys.stdout.write("\n")
         sys.stdout.flush()
-    return count, finish, prefill, decode
+    return count, finish, prefill, decode, generated
 
 
 def _output_schema(args: argparse.Namespace) -> dict | None:
