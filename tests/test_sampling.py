@@ -218,6 +218,36 @@ def test_top_p_over_a_whole_vocabulary_and_after_top_k_matches_hf(seed):
         torch.testing.assert_close(ours, after_k)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_stages_after_top_k_run_on_its_kept_logits_as_on_the_vocabulary(seed):
+    """llama.cpp's default chain (top-k 40, top-p 0.95, min-p 0.05, temperature 0.8) runs its later
+    stages on top-k's 40 logits alone: the final row equals HF's warpers over the whole vocabulary,
+    and every draw picks the token the stage-by-stage path (the explainer's, record=True) picks."""
+    from transformers.generation.logits_process import (
+        MinPLogitsWarper,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.zeros(1, 1, dtype=torch.long)
+    params = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=seed)
+    compact = SamplerChain.from_params(params, 49152)
+    stepwise = SamplerChain.from_params(params, 49152)
+    for _ in range(20):
+        logits = torch.randn(49152, generator=gen) * 2.5
+        expected = logits[None].clone()
+        for warper in (TopKLogitsWarper(40), TopPLogitsWarper(0.95), MinPLogitsWarper(0.05),
+                       TemperatureLogitsWarper(0.8)):
+            expected = warper(ids, expected)
+        ours, theirs = compact.sample(logits), stepwise.sample(logits, record=True)
+        torch.testing.assert_close(ours.logits, expected[0])
+        torch.testing.assert_close(compact.apply(logits), expected[0])
+        assert ours.token_id == theirs.token_id and ours.draw == theirs.draw
+        assert 1 < int((ours.logits > NEG_INF).sum()) < 40  # top-p and min-p did cut something
+
+
 def test_sampled_frequencies_match_softmax():
     logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0, 1.5, 0.2])
     expected = logits.softmax(-1)

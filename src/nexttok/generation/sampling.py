@@ -205,9 +205,25 @@ class SamplerChain:
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """Every stage in turn."""
-        for stage in self.stages:
+        ids, values = self.kept(logits)
+        return values if ids is None else spread(ids, values, logits)
+
+    def kept(self, logits: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Every stage in turn, as (ids, values): once top-k has cut the vocabulary and only
+        top-p, min-p and temperature follow, they run on the k kept logits alone (ids ascending),
+        as llama.cpp's later stages see only top-k's candidates: each is then an op over 40 values,
+        not over the 49k-152k of the vocabulary. ids is None where nothing was compacted (values
+        is then the whole (vocab,) row)."""
+        for i, stage in enumerate(self.stages):
             logits = stage.apply(logits)
-        return logits
+            rest = self.stages[i + 1:]
+            if isinstance(stage, TopK) and rest and all(isinstance(s, ON_KEPT) for s in rest):
+                ids = (logits > NEG_INF).nonzero()[:, 0]
+                values = logits[ids]
+                for later in rest:
+                    values = later.apply(values)
+                return ids, values
+        return None, logits
 
     def recorded(self, logits: torch.Tensor) -> tuple[torch.Tensor, list[StageRecord]]:
         """apply, and a StageRecord of the raw logits and after each stage (which of the raw top
@@ -228,9 +244,25 @@ class SamplerChain:
         stage's StageRecord. The token is not accepted: the caller accepts the token it keeps."""
         start = time.perf_counter()
         check_logits(logits)
-        final, stages = self.recorded(logits.float()) if record else (self.apply(logits.float()), None)
-        token, used = self.selector.select(final, u)
+        logits = logits.float()
+        if record:
+            final, stages = self.recorded(logits)
+            token, used = self.selector.select(final, u)
+        else:
+            stages = None
+            ids, final = self.kept(logits)
+            token, used = self.selector.select(final, u)
+            if ids is not None:  # the draw ran over the kept logits: back to vocabulary ids
+                token, final = int(ids[token]), spread(ids, final, logits)
         return Sample(token, final, used, stages, time.perf_counter() - start)
+
+
+ON_KEPT = (TopP, MinP, Temperature)  # stages that may run on top-k's kept logits alone
+
+
+def spread(ids: torch.Tensor, values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Kept values back into a (vocab,) row, -inf elsewhere."""
+    return torch.full_like(like, NEG_INF).index_copy_(0, ids, values)
 
 
 def pick(logits: torch.Tensor, u: float) -> int:
