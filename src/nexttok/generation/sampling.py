@@ -246,14 +246,12 @@ class SamplerChain:
         check_logits(logits)
         logits = logits.float()
         if record:
-            final, stages = self.recorded(logits)
-            token, used = self.selector.select(final, u)
+            (final, stages), ids = self.recorded(logits), None
         else:
-            stages = None
-            ids, final = self.kept(logits)
-            token, used = self.selector.select(final, u)
-            if ids is not None:  # the draw ran over the kept logits: back to vocabulary ids
-                token, final = int(ids[token]), spread(ids, final, logits)
+            (ids, final), stages = self.kept(logits), None
+        token, used = self.selector.select(final, u)
+        if ids is not None:  # the draw ran over the kept logits: back to vocabulary ids
+            token, final = int(ids[token]), spread(ids, final, logits)
         return Sample(token, final, used, stages, time.perf_counter() - start)
 
 
