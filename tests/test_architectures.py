@@ -16,7 +16,8 @@ from nexttok.checkpoints.loading import load_model
 from nexttok.models.attention import AttentionCapture
 from nexttok.models.cache import KVCache, SlotCache
 from nexttok.models.compiled import CompileUnavailable, compile_decode
-from nexttok.models.config import ConfigError, from_hf_config, read_config
+from nexttok.models.config import ConfigError
+from nexttok.models.registry import from_hf_config, read_config
 from tiny_models import VOCAB, write_tiny
 
 ATOL = 1e-4
@@ -229,7 +230,9 @@ PHI3 = {**GEMMA3, "model_type": "phi3", "max_position_embeddings": 64, "original
     ({**GEMMA3, "model_type": "llama", "partial_rotary_factor": 0.5},
      "partial_rotary_factor != 1 is not supported for llama"),
     ({**GEMMA3, "model_type": "qwen3", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
-     "rope_type 'yarn' is not supported"),
+     "rope_type 'yarn' needs original_max_position_embeddings, a positive integer, got None"),
+    ({**GEMMA3, "model_type": "qwen3", "rope_scaling": {"rope_type": "dynamic", "factor": 4.0}},
+     "rope_type 'dynamic' is not supported \\(supported: default, linear, llama3, yarn\\)"),
 ])
 def test_unsupported_configs_say_what_in_one_line(config, message):
     with pytest.raises(ConfigError, match=message) as error:

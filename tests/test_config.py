@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from nexttok.models.config import ConfigError, from_hf_config
+from nexttok.models.config import ConfigError
+from nexttok.models.registry import from_hf_config
 
 LLAMA = {"model_type": "llama", "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
@@ -55,7 +56,9 @@ def test_mistral_window_applies_to_every_layer():
     ({"hidden_size": "64"}, "wrong type|hidden_size must be a positive integer"),
     ({"num_key_value_heads": 3}, "must be a multiple of num_key_value_heads \\(3\\)"),
     ({"hidden_act": "gelu"}, "activation 'gelu' is not supported"),
-    ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope_type 'yarn' is not supported"),
+    ({"rope_parameters": {"rope_type": "dynamic", "factor": 4.0}}, "rope_type 'dynamic' is not supported"),
+    ({"rope_parameters": {"rope_type": "yarn", "factor": -4.0, "original_max_position_embeddings": 64}},
+     "rope factor must be a positive number, got -4.0"),
     ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0}}, "needs numeric low_freq_factor"),
     ({"rms_norm_eps": -1.0}, "norm epsilon must be a positive number"),
     ({"eos_token_id": "x"}, "eos_token_id must be an integer or a list"),

@@ -209,7 +209,7 @@ def gemma(gemma_file):
     does, without mapping the 262k-token vocabulary twice."""
     from nexttok.checkpoints.gguf.weights import gguf_model
     from nexttok.checkpoints.sources import open_gguf
-    from nexttok.models.config import from_hf_config
+    from nexttok.models.registry import from_hf_config
     from nexttok.tokenizers.from_json import tokenizer_from_json
 
     assert resolve_checkpoint(GEMMA) == gemma_file

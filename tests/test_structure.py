@@ -181,6 +181,7 @@ def test_every_architecture_provides_the_whole_model_protocol():
                                              if not name.startswith("_")}
     instance_only = {"config", "compiled"}  # set in __init__
     assert {"tie_weights", "init_buffers", "CHECKPOINT_PREFIX", "PARALLEL_VOCAB", "position_table"} <= declared
-    for kind, cls in ARCHITECTURES.items():
+    for kind, entry in ARCHITECTURES.items():
+        cls = entry.model
         missing = sorted(name for name in declared - instance_only if not hasattr(cls, name))
         assert missing == [], f"{kind} ({cls.__name__}) lacks {missing}"

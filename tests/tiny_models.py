@@ -59,7 +59,36 @@ SPECS = {
         COMMON, num_key_value_heads=2, head_dim=32, sliding_window=6,
         layer_types=["full_attention", "sliding_attention"], query_pre_attn_scalar=24,
         final_logit_softcapping=3.0, attn_logit_softcapping=1.0, tie_word_embeddings=False)),
+    # mixtures of experts (models/moe.py): each family's router, a dense layer where the family has
+    # them, and what else differs (shared experts, biases, sinks, windows, multipliers)
+    "qwen3_moe": ("Qwen3MoeConfig", dict(
+        COMMON, num_hidden_layers=3, num_key_value_heads=2, num_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[1])),
+    "qwen3_moe_unnormed": ("Qwen3MoeConfig", dict(
+        COMMON, num_key_value_heads=1, head_dim=32, num_experts=4, num_experts_per_tok=3, moe_intermediate_size=32,
+        norm_topk_prob=False, decoder_sparse_step=2, attention_bias=True)),
+    "qwen2_moe": ("Qwen2MoeConfig", dict(
+        COMMON, num_key_value_heads=2, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=48)),
+    "mixtral": ("MixtralConfig", dict(COMMON, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                                      sliding_window=7)),
+    "olmoe": ("OlmoeConfig", dict(COMMON, num_key_value_heads=2, num_experts=8, num_experts_per_tok=2,
+                                  eos_token_id=2, pad_token_id=1)),
+    # YaRN over a 32-token original context (factor 4, HF's truncate=False); a window the prompts exceed
+    "gpt_oss": ("GptOssConfig", dict(
+        COMMON, num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=5,
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                         "original_max_position_embeddings": 32, "rope_theta": 10000.0})),
+    # a dense first layer, groups (2 of 4 eligible), q/k norms, q/k/v biases, partial RoPE, scaling
+    "glm4_moe": ("Glm4MoeConfig", dict(
+        COMMON, num_hidden_layers=3, num_key_value_heads=2, n_routed_experts=8, num_experts_per_tok=3,
+        moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1, n_group=4, topk_group=2,
+        routed_scaling_factor=2.5, use_qk_norm=True, attention_bias=True)),
+    "granitemoe": ("GraniteMoeConfig", dict(
+        COMMON, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=2.0,
+        residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=3.0)),
 }
+MOE = [name for name in SPECS if any(family in name for family in ("moe", "mixtral", "gpt_oss"))]
 
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content']"
           " + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
@@ -80,6 +109,9 @@ def write_tiny(name: str, directory: Path, seed: int = 0, vocab_size: int | None
     with torch.no_grad():  # default init is tiny; widen it so differences would show in logits
         for p in model.parameters():
             p.normal_(0, 0.2)
+        for name, b in model.named_buffers():  # a router's score correction (GLM-4-MoE) is a buffer
+            if name.endswith("e_score_correction_bias"):
+                b.normal_(0, 0.2)
     model.eval()
     model.save_pretrained(directory, **save_kwargs)
     return model

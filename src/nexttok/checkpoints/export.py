@@ -8,7 +8,7 @@ from pathlib import Path
 
 from nexttok.checkpoints.gguf.reader import GGUFError
 from nexttok.checkpoints.weights import checkpoint_files
-from nexttok.models.config import read_config
+from nexttok.models.registry import read_config
 from nexttok.tokenizers.from_json import from_directory
 
 _GPT2_TO_GGUF = {

@@ -38,8 +38,9 @@ from nexttok.checkpoints.weights import (
 )
 from nexttok.models import Model, build_model
 from nexttok.models.compiled import CompileUnavailable, compile_decode
-from nexttok.models.config import CheckpointError, from_hf_config, read_config, read_generation_stop_ids
+from nexttok.models.config import CheckpointError, read_generation_stop_ids
 from nexttok.models.quant import BITS, quantize_linears
+from nexttok.models.registry import from_hf_config, read_config
 from nexttok.tokenizers.chat_template import ChatTemplate
 from nexttok.tokenizers.from_json import from_directory, tokenizer_from_json
 from nexttok.tokenizers.tokenizer import Tokenizer

@@ -18,6 +18,7 @@ import torch
 from nexttok.models.config import CheckpointError, ModelConfig
 from nexttok.models.fused import FusedLinear, fused_parts
 from nexttok.models.quant import BITS
+from nexttok.models.registry import architecture
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -123,38 +124,76 @@ def checkpoint_keys(model, name: str) -> list[str]:
 
 
 def tensor_parts(model: torch.nn.Module, name: str, shape: torch.Size) -> list[tuple[str, tuple[int, ...]]]:
-    """(our checkpoint name, shape) of each tensor that makes parameter `name`: itself, or the
-    stacked parts of a fused projection (q, k, v rows of qkv_proj.weight)."""
+    """(our checkpoint name, shape) of each tensor that makes parameter `name`, stacked in order:
+    the stacked parts of a fused projection (q, k, v rows of qkv_proj.weight), or of experts kept
+    one tensor each (experts.0.gate_proj.weight, experts.0.up_proj.weight, ...: moe.Experts)."""
     module_name, leaf = name.rsplit(".", 1)
     module = model.get_submodule(module_name)
-    if not isinstance(module, FusedLinear):
-        return [(name, tuple(shape))]
-    return [(f"{part}.{leaf}", (rows, *shape[1:])) for part, rows in fused_parts(module_name, module).items()]
+    if isinstance(module, FusedLinear):
+        return [(f"{part}.{leaf}", (rows, *shape[1:])) for part, rows in fused_parts(module_name, module).items()]
+    if hasattr(module, "checkpoint_parts"):
+        return [(f"{module_name}.{part}", part_shape) for part, part_shape in module.checkpoint_parts(leaf)]
+    return [(name, tuple(shape))]
 
 
 def assign_weights(model: torch.nn.Module, files: list[Path]) -> None:
-    """Copy every parameter from the checkpoint, checking names, shapes and dtypes."""
+    """Copy every parameter from the checkpoint, checking names, shapes and dtypes. The family's
+    renames (registry.py) put the checkpoint's names in our terms first; a tensor stored whole
+    where ours is stacked from parts (gpt-oss's, Granite's 3-D experts) is read whole, in the
+    layout the family's transforms give it."""
+    entry = architecture(model.config.model_type)
     index = _TensorIndex(files)
+    stored = {entry.checkpoint_name(key): key for key in index.where}  # our name -> the checkpoint's
     used = set()
     tied = model.config.tie_word_embeddings
     for name, param in model.state_dict(keep_vars=True).items():
         if tied and name == "lm_head.weight":
             continue  # shares the embedding's tensor
-        parts = [_read_part(model, index, part, shape, used) for part, shape in tensor_parts(model, name, param.shape)]
+        value = _read_whole(model, entry, index, stored, name, tuple(param.shape), used)
+        if value is None:
+            parts = [_read_part(model, index, stored, part, shape, used)
+                     for part, shape in tensor_parts(model, name, param.shape)]
+            value = (parts[0] if len(parts) == 1 else torch.cat(parts)).reshape(param.shape)
         with torch.no_grad():
-            param.copy_(parts[0] if len(parts) == 1 else torch.cat(parts))
+            param.copy_(value)
     index.close()
-    _check_unused(set(index.where) - used, tied)
+    unused = set(index.where) - used
+    if entry.unused is not None:
+        unused = {k for k in unused if not entry.unused(k, model.config.num_hidden_layers)}
+    _check_unused(unused, tied)
 
 
-def _read_part(model, index: _TensorIndex, name: str, shape: tuple[int, ...], used: set[str]) -> torch.Tensor:
-    candidates = checkpoint_keys(model, name)
-    key = next((c for c in candidates if c in index.where), None)
-    if key is None:
-        raise CheckpointError(f"tensor {candidates[0]!r} is missing from the checkpoint")
+def _read_whole(model, entry, index: _TensorIndex, stored: dict[str, str], name: str, shape: tuple[int, ...],
+                used: set[str]) -> torch.Tensor | None:
+    """Parameter `name`, stacked from parts in our modules, stored as one tensor (in the layout the
+    family's transforms say, where they say one), or None."""
+    transform = next((fn for suffix, fn in entry.transforms.items() if name.endswith(suffix)), None)
+    stacked = hasattr(model.get_submodule(name.rsplit(".", 1)[0]), "checkpoint_parts")
+    key = next((stored[c] for c in checkpoint_keys(model, name) if c in stored), None)
+    if key is None or not (stacked or transform):
+        return None
+    tensor = _floating(index, key)
+    tensor = tensor if transform is None else transform(tensor)
+    if tuple(tensor.shape) != shape:
+        raise CheckpointError(f"tensor {key!r} gives shape {tuple(tensor.shape)}, expected {shape} for this config")
+    used.add(key)
+    return tensor
+
+
+def _floating(index: _TensorIndex, key: str) -> torch.Tensor:
     tensor = index.get(key)
     if not tensor.is_floating_point():
         raise CheckpointError(f"tensor {key!r} has dtype {tensor.dtype}, expected floating point")
+    return tensor
+
+
+def _read_part(model, index: _TensorIndex, stored: dict[str, str], name: str, shape: tuple[int, ...],
+               used: set[str]) -> torch.Tensor:
+    candidates = checkpoint_keys(model, name)
+    key = next((stored[c] for c in candidates if c in stored), None)
+    if key is None:
+        raise CheckpointError(f"tensor {candidates[0]!r} is missing from the checkpoint")
+    tensor = _floating(index, key)
     if name.endswith(model.TRANSPOSED):
         tensor = tensor.T
     if tuple(tensor.shape) != shape:

@@ -36,7 +36,9 @@ class AttentionCapture:
     """What a forward pass records for a viewer when one is passed in (capture=...). Computed apart
     from the fast kernels, so a pass without a capture pays nothing.
 
-    Always, per layer: the attention weights of the last query over every key (B, n_head, S).
+    Always, per layer: the attention weights of the last query over every key (B, n_head, S); per
+    mixture-of-experts layer, the router's choice for every position (experts[layer]: ids and
+    weights (B, T, k), probs (B, T, E)).
     With full=True also, per layer: every query's weights (B, n_head, T, S), the queries, keys and
     values the weights came from (q (B, n_head, T, hd); k, v (B, n_head, S, hd), shared heads
     repeated), and the residual stream (B, T, hidden) after the embeddings and after each layer."""
@@ -46,19 +48,15 @@ class AttentionCapture:
     weights: list[torch.Tensor] = field(default_factory=list)
     qkv: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
     hidden: list[torch.Tensor] = field(default_factory=list)
+    experts: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
-    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | str) -> None:
-        """Record softmax(q·k/√d). q (B, n_head, T, hd), k and v (B, n_head, S, hd)."""
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | str,
+                  sinks: torch.Tensor | None = None) -> None:
+        """Record softmax(q·k/√d) (over the keys and each head's sink, where there are sinks).
+        q (B, n_head, T, hd), k and v (B, n_head, S, hd)."""
         if not self.full:
             q = q[:, :, -1:]
-        scores = (q.float() @ k.float().transpose(-1, -2)) / q.shape[-1] ** 0.5  # (B, n_head, T', S)
-        if isinstance(mask, str):  # ALL or CAUSAL: the T queries are the last T positions
-            t, s = scores.shape[-2:]
-            allowed = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(s - t)  # (T', S)
-            scores = scores.masked_fill(~allowed, float("-inf"))
-        else:
-            scores = scores.masked_fill(~mask[:, :, -scores.shape[-2]:], float("-inf"))
-        weights = torch.softmax(scores, dim=-1)
+        weights = _softmax_weights(q.float(), k.float(), mask, sinks)  # (B, n_head, T', S)
         self.last_query.append(weights[:, :, -1])  # (B, n_head, S)
         if self.full:
             self.weights.append(weights)
@@ -68,6 +66,28 @@ class AttentionCapture:
         """Record the residual stream (B, T, hidden) between layers (full captures only), in its dtype."""
         if self.full:
             self.hidden.append(x)
+
+    def route(self, layer: int, routing, b: int, t: int) -> None:
+        """Record a mixture-of-experts layer's routing (moe.Routing of B·T tokens)."""
+        k = routing.ids.shape[-1]
+        self.experts[layer] = (routing.ids.view(b, t, k), routing.weights.view(b, t, k).float(),
+                               routing.probs.view(b, t, -1).float())
+
+
+def _softmax_weights(q: torch.Tensor, k: torch.Tensor, mask, sinks: torch.Tensor | None) -> torch.Tensor:
+    """softmax(q·kᵀ/√d) under mask (B, H, T, S) for the last T queries; with sinks (H,), each
+    head's sink logit joins the softmax and its share is dropped (the weights then sum to < 1)."""
+    scores = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5  # (B, H, T, S)
+    if isinstance(mask, str):  # ALL or CAUSAL: the T queries are the last T positions
+        t, s = scores.shape[-2:]
+        allowed = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(s - t)  # (T, S)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    else:
+        scores = scores.masked_fill(~mask[:, :, -scores.shape[-2]:], float("-inf"))
+    if sinks is None:
+        return torch.softmax(scores, dim=-1)
+    sink = sinks.float().view(1, -1, 1, 1).expand(*scores.shape[:3], 1)
+    return torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
 
 
 class _Traced:
@@ -98,15 +118,16 @@ def _(q, k, v):
 
 
 def attend_cached(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, mask, cache: Cache | None,
-                  capture: AttentionCapture | None = None) -> torch.Tensor:
+                  capture: AttentionCapture | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """One layer's attention: this call's k, v (B, n_kv, T, hd) stored in the cache (when there is
     one), q attending over all of them in the cache's dtype (storage_dtype); (B, n_head, T, hd)
-    back in q's dtype."""
+    back in q's dtype. sinks (n_head,): attention sinks (gpt-oss), see attend."""
     if cache is TRACED:
+        assert sinks is None, "the compiled step has no attention sinks"
         return torch.ops.nexttok.cached_attention(q, k, v)
     if cache is not None:
         k, v = cache.update_and_fetch(layer, k, v)  # (B, n_kv, S, hd)
-    return attend(q.to(k.dtype), k, v, mask, capture).to(q.dtype)
+    return attend(q.to(k.dtype), k, v, mask, capture, sinks).to(q.dtype)
 
 
 def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None = None) -> torch.Tensor:
@@ -127,23 +148,30 @@ def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None 
 
 def attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | str | Ragged,
-    capture: AttentionCapture | None = None,
+    capture: AttentionCapture | None = None, sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Scaled dot-product attention with grouped-query heads.
 
     q (B, n_head, T, head_dim); k, v (B, n_kv_head, S, head_dim); returns (B, n_head, T, head_dim).
     mask: a boolean tensor (B, 1, T, S), or ALL / CAUSAL (no tensor: the fast kernels' own cases).
+    sinks (n_head,): a logit per head that joins every softmax as one more key with no value, so
+    a query may give part of its attention to nothing (gpt-oss).
     capture, when given, records the weights of the last query over all keys.
     """
     n_rep = q.shape[1] // k.shape[1]
     if _one_query(q, k, mask):  # decode: our kernel reads the cache's rows in place
         if mask == ALL:
-            out = kernels.attend(q, k, v)
+            out = kernels.attend(q, k, v, sinks)
         else:
-            out = torch.cat([kernels.attend(q[r : r + 1], k[r : r + 1, :, a:b], v[r : r + 1, :, a:b])
+            out = torch.cat([kernels.attend(q[r : r + 1], k[r : r + 1, :, a:b], v[r : r + 1, :, a:b], sinks)
                              for r, (a, b) in enumerate(mask.spans)])
         if capture is not None and isinstance(mask, Ragged):
             mask = _span_mask(mask, k.shape[2], q.device)
+    elif sinks is not None:  # no fused kernel takes sinks: the softmax written out
+        if isinstance(mask, Ragged):
+            mask = _span_mask(mask, k.shape[2], q.device)
+        kh, vh = (k.repeat_interleave(n_rep, dim=1), v.repeat_interleave(n_rep, dim=1)) if n_rep > 1 else (k, v)
+        out = (_softmax_weights(q.float(), kh.float(), mask, sinks) @ vh.float()).to(q.dtype)
     elif isinstance(mask, Ragged):
         out = torch.cat([F.scaled_dot_product_attention(q[r : r + 1], k[r : r + 1, :, a:b], v[r : r + 1, :, a:b],
                                                         enable_gqa=n_rep > 1)
@@ -156,7 +184,7 @@ def attend(
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=n_rep > 1)
     if capture is not None:
         k, v = (k.repeat_interleave(n_rep, dim=1), v.repeat_interleave(n_rep, dim=1)) if n_rep > 1 else (k, v)
-        capture.attention(q, k, v, mask)  # k, v (B, n_head, S, hd)
+        capture.attention(q, k, v, mask, sinks)  # k, v (B, n_head, S, hd)
     return out
 
 

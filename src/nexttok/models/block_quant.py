@@ -5,6 +5,8 @@
                     products
     BlockEmbedding  a lookup dequantizes just the rows asked for, exactly the file's values;
                     a tied output layer is a BlockLinear over the very same tiles (no copy)
+    BlockExperts    a mixture of experts' stacked expert weights (GGUF's 3-D ffn_*_exps tensors),
+                    each token's rows multiplied by its routed experts' tiles only
 
 A fused projection (q/k/v, gate/up) keeps each part in its own type (Qwen2.5's Q4_K_M file
 mixes Q5_0 and Q8_0 in one q/k/v), one kernel call for all of them. The bytes held are the
@@ -127,3 +129,53 @@ class BlockEmbedding(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, blocks={self.kind}"
+
+
+class BlockExperts(nn.Module):
+    """moe.Experts over GGUF blocks: gate_up's parts (the file's gate and up tensors, E × inner rows
+    each, an expert's rows after the one before's) and down's (E × hidden rows), in tiles. A call
+    reads only the experts its tokens are routed to, each once (kernels.moe_linear). act: the
+    gated activation of [gate | up]; gate_up_bias (E, 2 inner) and down_bias (E, hidden) where the
+    family has them (gpt-oss)."""
+
+    def __init__(self, gate_up: list[kernels.Tiled], down: list[kernels.Tiled], num_experts: int, isa: int, act,
+                 gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None):
+        super().__init__()
+        self.num_experts, self.isa, self.act = num_experts, isa, act
+        self.hidden, self.inner = gate_up[0].k, down[0].k
+        self.gate_up = BlockLinear(gate_up, isa)  # the tiles and their types; called only through moe_linear
+        self.down = BlockLinear(down, isa)
+        self.gate_up_proj_bias = None if gate_up_bias is None else nn.Parameter(gate_up_bias.float(),
+                                                                                 requires_grad=False)
+        self.down_proj_bias = None if down_bias is None else nn.Parameter(down_bias.float(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor, routing) -> torch.Tensor:
+        """x (N, hidden) -> (N, hidden): Σ_j weights_j · expert_{ids_j}(x) (routing: moe.Routing)."""
+        n, k = routing.ids.shape
+        ids = routing.ids.reshape(-1)  # (N·k,) the expert of each (token, choice)
+        tokens = torch.arange(n).repeat_interleave(k)  # (N·k,) the token of each
+        h = self._mm(self.gate_up, _rows(x, self.hidden), ids, tokens)  # (N·k, 2 inner)
+        if self.gate_up_proj_bias is not None:
+            h = h + self.gate_up_proj_bias[ids]
+        h = self.act(h).contiguous()
+        y = self._mm(self.down, h, ids, torch.arange(n * k))  # (N·k, hidden)
+        if self.down_proj_bias is not None:
+            y = y + self.down_proj_bias[ids]
+        return (y.view(n, k, -1) * routing.weights.to(y.dtype)[..., None]).sum(1).to(x.dtype)
+
+    def _mm(self, layer: BlockLinear, x: torch.Tensor, ids: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+        tiles = [getattr(layer, f"tiles{i}") for i in range(len(layer.types))]
+        rows = [r // self.num_experts for r in layer.part_rows]
+        return kernels.moe_linear(x, ids, src, tiles, layer.types, rows, self.num_experts, self.isa)
+
+    def expert_values(self, e: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Expert e's gate_up (2 inner, hidden) and down (hidden, inner) as float32: the file's values."""
+        def rows_of(layer: BlockLinear) -> torch.Tensor:
+            return torch.cat([kernels.dequantize(p, torch.arange(e * p.rows // self.num_experts,
+                                                                 (e + 1) * p.rows // self.num_experts))
+                              for p in layer.parts])
+        return rows_of(self.gate_up), rows_of(self.down)
+
+    def extra_repr(self) -> str:
+        return (f"experts={self.num_experts}, hidden={self.hidden}, inner={self.inner}, "
+                f"blocks={'+'.join(self.gate_up.kinds)}/{'+'.join(self.down.kinds)}, isa={kernels.ISAS[self.isa]}")

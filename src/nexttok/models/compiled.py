@@ -76,6 +76,11 @@ class CompiledDecode:
 
 
 def compile_decode(model: nn.Module) -> CompiledDecode:
-    """Turn on the compiled decode step for `model` (raises CompileUnavailable where it cannot)."""
+    """Turn on the compiled decode step for `model` (raises CompileUnavailable where it cannot: a
+    mixture of experts picks its experts' weights by the router's output, which one static graph
+    cannot hold; its step runs eagerly, reading only the chosen experts)."""
+    if model.config.is_moe:
+        raise CompileUnavailable(f"mixture-of-experts layers ({model.config.model_type}) choose their weights per "
+                                 "token, which a compiled step cannot: the decode step runs uncompiled")
     model.compiled = CompiledDecode(next(model.parameters()).device)
     return model.compiled

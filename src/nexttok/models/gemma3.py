@@ -25,8 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nexttok.models import qwen3
-from nexttok.models.config import ModelConfig
+from nexttok.models import llama, qwen3
+from nexttok.models.architecture import Architecture, GGUFLayout, GGUFMeta
+from nexttok.models.config import ROPE_TYPES, ConfigError, ModelConfig, check_act, rope_scaling
 from nexttok.models.decoder import LlamaLayout
 from nexttok.models.fused import FusedLinear
 from nexttok.models.llama import rope_inverse_frequencies
@@ -136,3 +137,99 @@ class Gemma3(LlamaLayout):
         logits = self.lm_head(self.norm(x))
         cap = self.config.final_logit_softcapping
         return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
+ACTS = ("gelu_pytorch_tanh",)
+MULTIMODAL = (". 'gemma3' is the multimodal Gemma 3 (4B and up); text-only Gemma 3 checkpoints "
+              "(model_type gemma3_text: gemma-3-270m, gemma-3-1b) are supported")
+
+
+def fields(hf: dict) -> dict:
+    """Gemma 3 text. Defaults are Gemma3TextConfig's. attn_logit_softcapping is ignored, as HF
+    transformers' Gemma 3 ignores it (Gemma 3 replaced attention soft-capping by q/k norms)."""
+    if hf.get("use_bidirectional_attention"):
+        raise ConfigError("use_bidirectional_attention (EmbeddingGemma) is not supported: only causal models")
+    layers = hf["num_hidden_layers"]
+    pattern = hf.get("sliding_window_pattern", 6)  # older configs: every pattern-th layer is global
+    if type(pattern) is not int or pattern <= 0:
+        raise ConfigError(f"sliding_window_pattern must be a positive integer, got {pattern!r}")
+    layer_types = hf.get("layer_types") or [
+        "full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]
+    theta, scaling, local_theta = _rope(hf)
+    bias = bool(hf.get("attention_bias", False))
+    return dict(
+        vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], num_hidden_layers=layers,
+        num_attention_heads=hf["num_attention_heads"], num_key_value_heads=hf.get("num_key_value_heads", 4),
+        intermediate_size=hf["intermediate_size"], max_position_embeddings=hf.get("max_position_embeddings", 131072),
+        head_dim=hf.get("head_dim", 256), norm_eps=hf.get("rms_norm_eps", 1e-6),
+        hidden_act=check_act(hf.get("hidden_activation", "gelu_pytorch_tanh"), ACTS),
+        rope_theta=theta, rope_scaling=scaling, rope_local_base_freq=local_theta,
+        query_pre_attn_scalar=hf.get("query_pre_attn_scalar", 256),
+        final_logit_softcapping=hf.get("final_logit_softcapping"),
+        attention_bias=bias, o_proj_bias=bias, tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
+        sliding_window=hf.get("sliding_window", 4096), layer_types=layer_types,
+    )
+
+
+GEMMA3_ROPE_TYPES = tuple(k for k in ROPE_TYPES if k != "yarn")
+
+
+def _rope(hf: dict) -> tuple[float, dict | None, float]:
+    """(global theta, global scaling, local theta): transformers 5's rope_parameters per layer
+    type, or 4's rope_theta + rope_scaling (global layers only) and rope_local_base_freq."""
+    params = hf.get("rope_parameters") or {}
+    if "full_attention" in params or "sliding_attention" in params:
+        full = dict(params.get("full_attention") or {})
+        local = dict(params.get("sliding_attention") or {})
+    else:
+        full = dict(hf.get("rope_scaling") or {})
+        local = {}
+    full.setdefault("rope_theta", hf.get("rope_theta", 1e6))
+    local.setdefault("rope_theta", hf.get("rope_local_base_freq", 10000.0))
+    theta, scaling = rope_scaling(full, GEMMA3_ROPE_TYPES, hf)
+    local_theta, local_scaling = rope_scaling(local, GEMMA3_ROPE_TYPES, hf)
+    if local_scaling is not None:
+        raise ConfigError("RoPE scaling of sliding_attention layers is not supported")
+    return theta, scaling, local_theta
+
+
+# The file holds no local RoPE theta and no layer pattern; llama.cpp hard-codes them
+# (src/llama-model.cpp, LLM_ARCH_GEMMA3: every 6th layer global, local theta 10000, scores scaled
+# by 1/√head_dim, by 1/√(hidden/heads) for the 62-layer 27B), and so does gguf_config
+SLIDING_PATTERN, LOCAL_THETA = 6, 10000.0
+
+
+def gguf_config(meta: GGUFMeta) -> dict:
+    """Gemma 3 text as llama.cpp runs it: what the file leaves out is llama.cpp's constant; as in
+    llama.cpp, no metadata key overrides those."""
+    config = llama.gguf_config(meta)
+    layers, heads = config["num_hidden_layers"], config["num_attention_heads"]
+    del config["hidden_act"]
+    # llama.cpp ends a turn at <end_of_turn> too (gemma-3's generation_config.json: eos [1, 106])
+    end_of_turn = meta.tokens.index("<end_of_turn>") if "<end_of_turn>" in meta.tokens else None
+    stops = [meta.values.get("tokenizer.ggml.eos_token_id"), end_of_turn]
+    return {
+        **config, "hidden_activation": "gelu_pytorch_tanh",
+        "sliding_window": meta.key("attention.sliding_window"),
+        "layer_types": ["full_attention" if (i + 1) % SLIDING_PATTERN == 0 else "sliding_attention"
+                        for i in range(layers)],
+        "rope_local_base_freq": LOCAL_THETA,
+        "query_pre_attn_scalar": config["hidden_size"] // heads if layers == 62 else config["head_dim"],
+        "final_logit_softcapping": None, "attn_logit_softcapping": None,  # llama.cpp applies neither to Gemma 3
+        "eos_token_id": [i for i in dict.fromkeys(stops) if i is not None],
+    }
+
+
+# a norm before and after both attention and MLP, and one on each q and k head
+GGUF_TENSORS = {
+    **llama.GGUF_TENSORS,
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+    **qwen3.QK_NORM_TENSORS,
+}
+
+ARCHITECTURES = (
+    Architecture("gemma3_text", Gemma3, fields, GGUFLayout("gemma3", gguf_config, GGUF_TENSORS, norm_offset=1.0,
+                                                           hf_class="Gemma3ForCausalLM")),
+)

@@ -13,9 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nexttok.models.architecture import Architecture, GGUFLayout, GGUFMeta
 from nexttok.models.attention import attend_cached
 from nexttok.models.compiled import CompiledDecode
-from nexttok.models.config import ModelConfig
+from nexttok.models.config import ConfigError, ModelConfig, check_act
 from nexttok.models.decoder import Decoder, empty_embedding
 
 ACTIVATIONS = {
@@ -132,3 +133,45 @@ class GPT2(Decoder):
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Logits from a residual stream (..., hidden): the final LayerNorm, then lm_head."""
         return self.lm_head(self.ln_f(x))
+
+
+def fields(hf: dict) -> dict:
+    """GPT-2's config.json: its own key names (n_embd, n_layer, ...) read into the canonical ones."""
+    for key, ok in (("scale_attn_by_inverse_layer_idx", False), ("reorder_and_upcast_attn", False),
+                    ("scale_attn_weights", True), ("add_cross_attention", False)):
+        if hf.get(key, ok) != ok:
+            raise ConfigError(f"GPT-2 option {key}={hf[key]!r} is not supported")
+    hidden = hf["n_embd"]
+    return dict(
+        vocab_size=hf["vocab_size"], hidden_size=hidden, num_hidden_layers=hf["n_layer"],
+        num_attention_heads=hf["n_head"], num_key_value_heads=hf["n_head"],
+        intermediate_size=hf.get("n_inner") or 4 * hidden, max_position_embeddings=hf["n_positions"],
+        norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+        hidden_act=check_act(hf.get("activation_function", "gelu_new"), tuple(ACTIVATIONS)),
+        attention_bias=True, o_proj_bias=True, mlp_bias=True,
+        tie_word_embeddings=hf.get("tie_word_embeddings", True),
+    )
+
+
+def gguf_config(meta: GGUFMeta) -> dict:
+    """config.json keys from llama.cpp's GPT-2 metadata."""
+    return {"n_embd": meta.key("embedding_length"), "n_layer": meta.key("block_count"),
+            "n_head": meta.key("attention.head_count"), "n_inner": meta.key("feed_forward_length"),
+            "n_positions": meta.key("context_length"), "activation_function": "gelu_new",
+            "layer_norm_epsilon": meta.key("attention.layer_norm_epsilon")}
+
+
+# llama.cpp's convert_hf_to_gguf transposes HF's Conv1D (in, out) weights to (out, in); newer files
+# leave output.weight out: the output layer is then tied to token_embd
+GGUF_TENSORS = {  # per block: "blk.N." → "transformer.h.N."
+    "token_embd.weight": "transformer.wte.weight",
+    "position_embd.weight": "transformer.wpe.weight",
+    "output_norm.weight": "transformer.ln_f.weight", "output_norm.bias": "transformer.ln_f.bias",
+    "output.weight": "lm_head.weight",
+    **{f"{gguf}.{kind}": f"{hf}.{kind}" for gguf, hf in (
+        ("attn_norm", "ln_1"), ("attn_qkv", "attn.c_attn"), ("attn_output", "attn.c_proj"),
+        ("ffn_norm", "ln_2"), ("ffn_up", "mlp.c_fc"), ("ffn_down", "mlp.c_proj")) for kind in ("weight", "bias")},
+}
+
+ARCHITECTURES = (Architecture("gpt2", GPT2, fields, GGUFLayout("gpt2", gguf_config, GGUF_TENSORS, "transformer.h.",
+                                                              hf_class="GPT2LMHeadModel")),)

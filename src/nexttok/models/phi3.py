@@ -21,9 +21,8 @@ import torch
 from torch import nn
 
 from nexttok.models import llama
-from nexttok.models.attention import attend_cached
+from nexttok.models.architecture import Architecture
 from nexttok.models.config import ModelConfig
-from nexttok.models.llama import apply_rope
 
 
 def rope_frequencies(config: ModelConfig) -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -45,24 +44,7 @@ def rope_frequencies(config: ModelConfig) -> tuple[torch.Tensor, torch.Tensor, f
 
 
 class Attention(llama.Attention):
-    def __init__(self, config: ModelConfig, layer_idx: int):
-        super().__init__(config, layer_idx)
-        self.qkv_proj = nn.Linear(config.hidden_size, self.qkv_proj.out_features, bias=False)  # one tensor
-        self.rotary_dim = config.rotary_dim
-
-    def forward(self, x, cos, sin, masks, cache, capture):
-        b, t, _ = x.shape
-        heads = self.qkv_proj(x).view(b, t, -1, self.head_dim)  # (B, T, n_head + 2 n_kv, hd)
-        qk, r = heads[:, :, : self.n_head + self.n_kv_head], self.rotary_dim
-        if r == self.head_dim:
-            qk = apply_rope(qk, cos, sin)  # q and k in one rotation
-        else:  # the first r dimensions turn, the rest pass through
-            qk = torch.cat((apply_rope(qk[..., :r], cos, sin), qk[..., r:]), dim=-1)
-        q = qk[:, :, : self.n_head].transpose(1, 2)  # (B, n_head, T, hd)
-        k = qk[:, :, self.n_head :].transpose(1, 2)  # (B, n_kv, T, hd)
-        v = heads[:, :, self.n_head + self.n_kv_head :].transpose(1, 2)  # (B, n_kv, T, hd)
-        y = attend_cached(q, k, v, self.layer_idx, masks[self.window], cache, capture)  # (B, n_head, T, hd)
-        return self.o_proj(y.transpose(1, 2).reshape(b, t, self.n_head * self.head_dim))
+    ONE_TENSOR = True  # q, k and v rows in one checkpoint tensor
 
 
 class MLP(llama.MLP):
@@ -105,3 +87,16 @@ class Phi3(llama.Llama):
         angles = q_pos.clamp(min=0).float()[..., None] * inv_freq  # (B, T, rd/2)
         cos, sin = angles.cos() * self.attention_factor, angles.sin() * self.attention_factor
         return cos.to(dtype)[:, :, None], sin.to(dtype)[:, :, None]
+
+
+ROPE_TYPES = ("default", "longrope")  # as HF's Phi3Config; "su" is an older name of longrope
+
+
+def fields(hf: dict) -> dict:
+    """Phi-3's config.json: Llama's, with LongRoPE, partial rotary (Phi-4-mini) and no biases (as HF's
+    Phi-3, whatever attention_bias or mlp_bias say)."""
+    out = llama.fields(hf, "phi3", rope_kinds=ROPE_TYPES, partial_rotary_allowed=True)
+    return {**out, "attention_bias": False, "o_proj_bias": False, "mlp_bias": False}
+
+
+ARCHITECTURES = (Architecture("phi3", Phi3, fields),)

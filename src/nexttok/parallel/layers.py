@@ -68,6 +68,9 @@ def check_world(config, world: int) -> None:
     """Raise (one line naming --tensor-parallel) unless a model of this config splits over `world`
     ranks: its heads (head_split), its MLP's inner width and its vocabulary (split). Checked before
     any rank starts. SmolLM2-135M (9 heads, 3 KV heads) splits over 1, 2, 3 or 9 ranks."""
+    if world > 1 and config.is_moe:
+        raise ValueError(f"--tensor-parallel {world}: mixture-of-experts layers ({config.model_type}) are not split "
+                         "over ranks yet; run it on one (--tensor-parallel 1)")
     n_head, n_kv = config.num_attention_heads, config.num_key_value_heads
     if not _heads_split(n_head, n_kv, world):
         fits = [n for n in range(1, n_head + 1) if _heads_split(n_head, n_kv, n)]

@@ -7,8 +7,10 @@
                        the sums (optionally of act(gate)·up)
     mm(act, parts)     y (M, N) = x · Wᵀ over such tiles, several parts of mixed types at once
     linear(x, parts)   quantize and mm in one call (+ bias; optionally of act(gate)·up)
+    moe_linear(x, ...) each row times the weights of the expert it was routed to, reading only the
+                       experts some row uses, each once (mixtures of experts)
     dequantize(...)    rows of a tiled weight as float32 (embedding lookups, checks, viewers)
-    attend(q, k, v)    one new query per row over the cached keys (decode's attention)
+    attend(q, k, v)    one new query per row over the cached keys (decode's attention; sinks optional)
     rms_norm, glu, rope  the float32 steps around the matmuls, one call each instead of the 4-10
                        small torch ops they take (a decode step of the default model is ~30 µs of
                        matmul per layer and was ~200 µs of such ops; `takes(x)` says when they apply)
@@ -207,10 +209,18 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n: int) -> torch
     return _eager().rope(x, cos, sin, n)
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(q·kᵀ/√D)·v for one query per row over every key: q (B, H, 1, D), k and v
-    (B, Hkv, S, D) float32 with contiguous rows (cache views do) -> (B, H, 1, D)."""
-    return _eager().attend(q, k, v, best_isa())
+    (B, Hkv, S, D) float32 with contiguous rows (cache views do) -> (B, H, 1, D). sinks (H,):
+    each head's sink logit joins its softmax (gpt-oss)."""
+    return _eager().attend(q, k, v, sinks, best_isa())
+
+
+def moe_linear(x: torch.Tensor, experts: torch.Tensor, src: torch.Tensor, tiles: list[torch.Tensor],
+               types: list[int], rows: list[int], n_experts: int, isa: int) -> torch.Tensor:
+    """(R, N) float32: row r = q(x[src[r]]) · W_{experts[r]}ᵀ, W_e expert e's rows of every part (a
+    part: n_experts × rows[p] rows tiled, rows[p] a multiple of 8). x (M, K) contiguous float32."""
+    return torch.ops.nexttok_q.moe_linear(x, experts, src, tiles, types, rows, n_experts, isa)
 
 
 def dequantize(weight: Tiled, rows: torch.Tensor) -> torch.Tensor:
@@ -251,8 +261,12 @@ def _register_fakes() -> None:
     def _(x, cos, sin, n):
         return x.new_empty((*x.shape[:2], n, x.shape[3]))
 
+    @torch.library.register_fake("nexttok_q::moe_linear")
+    def _(x, expert, src, weights, types, rows, n_experts, isa):
+        return x.new_empty((expert.numel(), sum(rows)))
+
     @torch.library.register_fake("nexttok_q::attend")
-    def _(q, k, v, isa):
+    def _(q, k, v, sinks, isa):
         return q.new_empty((q.shape[0], 1, q.shape[1], q.shape[3])).transpose(1, 2)
 
     @torch.library.register_fake("nexttok_q::dequantize")

@@ -6,6 +6,7 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "qtypes.h"
@@ -16,7 +17,7 @@
              const float* d, const int16_t* s, const float* ds, int64_t M, float* out, int64_t ldo);          \
     void quantize_row(const float* x, int64_t K, int8_t* q, float* d, int16_t* s, float* ds);                 \
     void attend_row(const float* q, const float* k, const float* v, int64_t ldk, int64_t ldv, int64_t S,       \
-                    int64_t D, float scale, float* scores, float* out);                                       \
+                    int64_t D, float scale, float sink, float* scores, float* out);                           \
     }
 NQ_DECLARE(nq_generic)
 NQ_DECLARE(nq_avx2)
@@ -231,6 +232,89 @@ at::Tensor linear(const at::Tensor& x, at::TensorList weights, at::IntArrayRef t
     return out;
 }
 
+// Mixture-of-experts rows: out[r] = x[src[r]] · W_{expert[r]}ᵀ for R rows, W_e being expert e's rows of
+// every part (a part holds n_experts × rows[p] rows in tiles, expert e's from tile e · rows[p] / 8).
+// x's M rows are quantized once; the R rows are grouped by expert, so each expert's tiles are read
+// once for all of its rows and an expert no row routes to is never read (a decode step reads only
+// its k experts). Threads split the chosen experts' tiles.
+at::Tensor moe_linear(const at::Tensor& x, const at::Tensor& expert, const at::Tensor& src, at::TensorList weights,
+                      at::IntArrayRef types, at::IntArrayRef rows, int64_t n_experts, int64_t isa) {
+    const int64_t K = input_width(x, PLAIN, "moe_linear"), M = x.size(0), G = K / 32;
+    GemmFn fn = gemm_for(isa);
+    TORCH_CHECK(weights.size() == types.size() && weights.size() == rows.size() && !weights.empty() && n_experts > 0,
+                "nexttok_q.moe_linear: one type and row count per weight part, and experts");
+    std::vector<int64_t> col0(weights.size() + 1, 0);
+    for (size_t p = 0; p < weights.size(); p++) {
+        TORCH_CHECK(rows[p] % NQ_TILE == 0, "nexttok_q.moe_linear: an expert's rows (", rows[p],
+                    ") must be whole tiles of ", NQ_TILE);
+        check_packed(weights[p], types[p], rows[p] * n_experts, K, "moe_linear");
+        col0[p + 1] = col0[p] + rows[p];
+    }
+    const int64_t N = col0.back();
+    auto ex = expert.to(at::kLong).contiguous(), sr = src.to(at::kLong).contiguous();
+    const int64_t R = ex.numel();
+    TORCH_CHECK(sr.numel() == R, "nexttok_q.moe_linear: one source row per expert row");
+    const int64_t* ep = ex.data_ptr<int64_t>();
+    const int64_t* srp = sr.data_ptr<int64_t>();
+    std::vector<int64_t> start(n_experts + 1, 0), order(R);
+    for (int64_t r = 0; r < R; r++) {
+        TORCH_CHECK(ep[r] >= 0 && ep[r] < n_experts && srp[r] >= 0 && srp[r] < M,
+                    "nexttok_q.moe_linear: expert ", ep[r], " or source row ", srp[r], " out of range");
+        start[ep[r] + 1]++;
+    }
+    for (int64_t e = 0; e < n_experts; e++) start[e + 1] += start[e];
+    {
+        std::vector<int64_t> fill(start.begin(), start.end() - 1);
+        for (int64_t r = 0; r < R; r++) order[fill[ep[r]]++] = r;  // rows grouped by expert, in order
+    }
+    thread_local Scratch scratch;
+    scratch.q.resize(M * K);
+    scratch.d.resize(M * G);
+    scratch.ds.resize(M * G);
+    scratch.s.resize(M * 2 * G);
+    quantize_rows(x.data_ptr<float>(), K, M, K, PLAIN, isa, scratch.q.data(), scratch.d.data(), scratch.s.data(),
+                  scratch.ds.data());
+    // each grouped row's quantized input, contiguous per expert (the gemm reads an expert's rows at once)
+    std::vector<int8_t> gq(R * K);
+    std::vector<float> gd(R * G), gds(R * G);
+    std::vector<int16_t> gs(R * 2 * G);
+    for (int64_t i = 0; i < R; i++) {
+        const int64_t m = srp[order[i]];
+        memcpy(&gq[i * K], &scratch.q[m * K], K);
+        memcpy(&gd[i * G], &scratch.d[m * G], G * sizeof(float));
+        memcpy(&gds[i * G], &scratch.ds[m * G], G * sizeof(float));
+        memcpy(&gs[i * 2 * G], &scratch.s[m * 2 * G], 2 * G * sizeof(int16_t));
+    }
+    // the work: (expert, part) segments of tiles, numbered one after the other
+    struct Segment { int64_t e, p, first; };
+    std::vector<Segment> segments;
+    int64_t total = 0;
+    for (int64_t e = 0; e < n_experts; e++) {
+        if (start[e + 1] == start[e]) continue;
+        for (size_t p = 0; p < weights.size(); p++) {
+            segments.push_back({e, (int64_t)p, total});
+            total += rows[p] / NQ_TILE;
+        }
+    }
+    std::vector<float> grouped(R * N);
+    at::parallel_for(0, total, 8, [&](int64_t i0, int64_t i1) {
+        for (const Segment& seg : segments) {
+            const int64_t tiles = rows[seg.p] / NQ_TILE;
+            const int64_t lo = std::max(i0, seg.first), hi = std::min(i1, seg.first + tiles);
+            if (lo >= hi) continue;
+            const int64_t a = start[seg.e], count = start[seg.e + 1] - a;
+            const uint8_t* w = weights[seg.p].data_ptr<uint8_t>() +
+                               seg.e * tiles * tile_bytes(types[seg.p], K);
+            fn((int)types[seg.p], w, lo - seg.first, hi - seg.first, rows[seg.p], K, &gq[a * K], &gd[a * G],
+               &gs[a * 2 * G], &gds[a * G], count, &grouped[a * N + col0[seg.p]], N);
+        }
+    });
+    auto out = at::empty({R, N}, x.options());
+    float* op = out.data_ptr<float>();
+    for (int64_t i = 0; i < R; i++) memcpy(op + order[i] * N, &grouped[i * N], N * sizeof(float));
+    return out;
+}
+
 // RMSNorm in float32 over the last dimension: x / sqrt(mean(x²) + eps) · weight (offset added to
 // the weight first: Gemma's 1 + w).
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, double offset) {
@@ -279,8 +363,10 @@ at::Tensor glu(const at::Tensor& x, int64_t mode) {
 // One new query per row attending over all S cached keys (the decode step's ALL mask):
 // q (B, H, 1, D), k and v (B, Hkv, S, D) with H a multiple of Hkv (query head h reads key head
 // h / (H / Hkv)) and each key row contiguous (a view of the cache: any batch, head and key strides)
-// -> (B, H, 1, D). Work splits over (row, head); a head's S keys are one thread's.
-at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t isa) {
+// -> (B, H, 1, D). sinks (H,), where given: each head's sink logit joins its softmax (gpt-oss).
+// Work splits over (row, head); a head's S keys are one thread's.
+at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& sinks,
+                  int64_t isa) {
     TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && q.scalar_type() == at::kFloat &&
                     k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
                 "nexttok_q.attend: float32 q (B, H, 1, D), k and v (B, Hkv, S, D) needed");
@@ -289,6 +375,12 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                     H % Hkv == 0 && S > 0,
                 "nexttok_q.attend: shapes q ", q.sizes(), ", k ", k.sizes(), ", v ", v.sizes(), " do not fit");
     TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "nexttok_q.attend: rows must be contiguous");
+    at::Tensor sink;
+    if (sinks.has_value()) {
+        sink = sinks->to(at::kFloat).contiguous();
+        TORCH_CHECK(sink.numel() == H, "nexttok_q.attend: one sink per head needed, got ", sink.numel());
+    }
+    const float* sp = sinks.has_value() ? sink.data_ptr<float>() : nullptr;
     auto fn = isa >= 1 ? nq_avx2::attend_row : nq_generic::attend_row;
     auto out = at::empty({B, 1, H, D}, q.options());  // (B, T, H, D) memory, returned as (B, H, T, D)
     const float scale = 1.0f / std::sqrt((float)D);
@@ -302,8 +394,8 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
         for (int64_t i = i0; i < i1; i++) {
             const int64_t b = i / H, h = i % H, g = h / rep;
             fn(qp + b * q.stride(0) + h * q.stride(1), kp + b * k.stride(0) + g * k.stride(1),
-               vp + b * v.stride(0) + g * v.stride(1), k.stride(2), v.stride(2), S, D, scale, scores.data(),
-               op + (b * H + h) * D);
+               vp + b * v.stride(0) + g * v.stride(1), k.stride(2), v.stride(2), S, D, scale,
+               sp ? sp[h] : -INFINITY, scores.data(), op + (b * H + h) * D);
         }
     });
     return out.transpose(1, 2);
@@ -376,10 +468,12 @@ TORCH_LIBRARY(nexttok_q, m) {
     m.def("unpack(Tensor w, int type, int n, Tensor rows, int k) -> Tensor");
     m.def("dequantize(Tensor w, int type, int n, Tensor rows, int k) -> Tensor");
     m.def("linear(Tensor x, Tensor[] weights, int[] types, int[] rows, Tensor? bias, int mode, int isa) -> Tensor");
+    m.def("moe_linear(Tensor x, Tensor expert, Tensor src, Tensor[] weights, int[] types, int[] rows, int n_experts, "
+          "int isa) -> Tensor");
     m.def("rms_norm(Tensor x, Tensor weight, float eps, float offset) -> Tensor");
     m.def("glu(Tensor x, int mode) -> Tensor");
     m.def("rope(Tensor x, Tensor cos, Tensor sin, int n) -> Tensor");
-    m.def("attend(Tensor q, Tensor k, Tensor v, int isa) -> Tensor");
+    m.def("attend(Tensor q, Tensor k, Tensor v, Tensor? sinks, int isa) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(nexttok_q, CPU, m) {
@@ -390,6 +484,7 @@ TORCH_LIBRARY_IMPL(nexttok_q, CPU, m) {
     m.impl("unpack", &unpack);
     m.impl("dequantize", &dequantize);
     m.impl("linear", &linear);
+    m.impl("moe_linear", &moe_linear);
     m.impl("rms_norm", &rms_norm);
     m.impl("glu", &glu);
     m.impl("rope", &rope);

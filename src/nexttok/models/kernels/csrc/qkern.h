@@ -360,13 +360,14 @@ static inline void axpy_f32(float a, const float* x, float* y, int64_t D) {
 #endif
 
 void attend_row(const float* q, const float* k, const float* v, int64_t ldk, int64_t ldv, int64_t S, int64_t D,
-                float scale, float* scores, float* out) {
-    float top = -INFINITY;
+                float scale, float sink, float* scores, float* out) {
+    // sink: a logit that joins the softmax with no value (gpt-oss's attention sinks; -inf: none)
+    float top = sink;
     for (int64_t j = 0; j < S; j++) {
         scores[j] = dot_f32(q, k + j * ldk, D) * scale;
         top = fmaxf(top, scores[j]);
     }
-    float total = 0;
+    float total = sink == -INFINITY ? 0.0f : expf(sink - top);
     for (int64_t j = 0; j < S; j++) total += (scores[j] = expf(scores[j] - top));
     for (int64_t i = 0; i < D; i++) out[i] = 0;
     for (int64_t j = 0; j < S; j++) axpy_f32(scores[j], v + j * ldv, out, D);

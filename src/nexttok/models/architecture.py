@@ -1,0 +1,70 @@
+"""What a registry entry holds (registry.py): an architecture's model class, how its config.json and
+GGUF metadata read, its GGUF tensor names and its checkpoint renames. Each family's file declares
+its entries with these; registry.py collects them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from nexttok.models.config import ConfigError
+
+
+@dataclass(frozen=True)
+class GGUFMeta:
+    """A GGUF file's metadata as an architecture's config function reads it: key("block_count")
+    is "<arch>.block_count"'s value (ConfigError naming it where it is missing and no default)."""
+
+    values: Mapping
+    tensor_names: frozenset[str]
+    tokens: list[str]
+
+    @property
+    def arch(self) -> str:
+        return self.values["general.architecture"]
+
+    def key(self, name: str, default=None):
+        value = self.values.get(f"{self.arch}.{name}", default)
+        if value is None:
+            raise ConfigError(f"GGUF metadata {self.arch}.{name} is missing")
+        return value
+
+    def get(self, name: str, default=None):
+        """"<arch>.<name>"'s value, or default."""
+        return self.values.get(f"{self.arch}.{name}", default)
+
+
+@dataclass(frozen=True)
+class GGUFLayout:
+    """How llama.cpp writes a family. tensors: llama.cpp's name -> ours, global ("output.weight")
+    or per block ("attn_q.weight", under "blk.N."; ours under block + "N."). permuted: our names
+    (suffixes) whose rows llama.cpp interleaves for its RoPE kernel (convert_hf_to_gguf permutes
+    Llama's q and k). norm_offset: what llama.cpp adds to every norm weight (Gemma's 1)."""
+
+    arch: str
+    config: Callable[[GGUFMeta], dict]
+    tensors: Mapping[str, str]
+    block: str = "model.layers."
+    permuted: tuple[str, ...] = ()
+    norm_offset: float = 0.0
+    hf_class: str = ""  # config.json's "architectures" entry for a checkpoint converted from the file
+
+
+@dataclass(frozen=True)
+class Architecture:
+    model_type: str
+    model: type[nn.Module]
+    fields: Callable[[dict], dict]
+    gguf: GGUFLayout | None = None
+    renames: tuple[tuple[str, str], ...] = ()  # (checkpoint name part, ours), applied in order
+    transforms: Mapping[str, Callable[[torch.Tensor], torch.Tensor]] = field(default_factory=dict)
+    unused: Callable[[str, int], bool] | None = None  # (checkpoint name, num_hidden_layers): left unread on purpose
+
+    def checkpoint_name(self, name: str) -> str:
+        """A checkpoint tensor's name in our modules' terms (renames applied)."""
+        for old, new in self.renames:
+            name = name.replace(old, new)
+        return name

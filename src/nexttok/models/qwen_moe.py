@@ -1,0 +1,70 @@
+"""Qwen2-MoE and Qwen3-MoE (Qwen3-30B-A3B, Qwen3-Coder-30B-A3B): Qwen2's and Qwen3's attention,
+and a mixture of experts (moe.py) in place of the MLP.
+
+ids ─embed_tokens→ x ─N × [x += attn(RMSNorm(x)); x += MoE(RMSNorm(x))]→ RMSNorm ─lm_head→ logits
+
+    MoE: softmax over the router's logits, the num_experts_per_tok most likely experts, their
+         probabilities renormalised to sum to 1 where norm_topk_prob (Qwen3-30B-A3B: 8 of 128)
+    Qwen2-MoE adds a shared expert every token takes, scaled by sigmoid(x · shared_expert_gate)
+
+A layer is sparse every decoder_sparse_step-th layer, except those in mlp_only_layers, which keep
+a dense MLP of intermediate_size. Qwen2-MoE's q/k/v carry a bias (qkv_bias); Qwen3-MoE's q and k
+are normed per head, and q/k/v/o carry a bias where attention_bias. Sliding windows: Qwen3-MoE's
+covers every layer where use_sliding_window; Qwen2-MoE follows layer_types.
+"""
+
+from __future__ import annotations
+
+from nexttok.models import llama, moe, qwen3
+from nexttok.models.architecture import Architecture
+from nexttok.models.config import sparse_layers
+
+
+class Qwen3MoeLayer(qwen3.DecoderLayer):
+    moe_class = moe.SparseMoE
+
+
+class Qwen3Moe(llama.Llama):
+    LAYER = Qwen3MoeLayer
+
+
+class Qwen2MoeLayer(llama.DecoderLayer):
+    moe_class = moe.SparseMoE
+
+
+class Qwen2Moe(llama.Llama):
+    LAYER = Qwen2MoeLayer
+
+
+def _sparse(hf: dict) -> list[str]:
+    return sparse_layers(hf["num_hidden_layers"], every=hf.get("decoder_sparse_step", 1),
+                             dense=hf.get("mlp_only_layers") or [])
+
+
+def qwen3_moe_fields(hf: dict) -> dict:
+    out = llama.fields(hf, "qwen3_moe")
+    window = hf.get("sliding_window") if hf.get("use_sliding_window", False) else None
+    kind = "sliding_attention" if window else "full_attention"
+    return {**out, **moe.fields(hf), "mlp_types": _sparse(hf), "o_proj_bias": out["attention_bias"],
+            "sliding_window": window, "layer_types": [kind] * hf["num_hidden_layers"]}
+
+
+def qwen2_moe_fields(hf: dict) -> dict:
+    out = llama.fields(hf, "qwen2_moe")
+    layers, window = hf["num_hidden_layers"], hf.get("sliding_window")
+    if hf.get("use_sliding_window", False):  # HF's Qwen2MoeConfig rule where layer_types is not given
+        start = hf.get("max_window_layers", 28)
+        types = hf.get("layer_types") or ["sliding_attention" if (i + 1) % 2 and i < start else "full_attention"
+                                          for i in range(layers)]
+    else:
+        window, types = None, ["full_attention"] * layers
+    return {**out, **moe.fields(hf), "mlp_types": _sparse(hf), "attention_bias": bool(hf.get("qkv_bias", True)),
+            "o_proj_bias": False, "sliding_window": window, "layer_types": types,
+            "shared_expert_intermediate_size": hf.get("shared_expert_intermediate_size", 0),
+            "shared_expert_gate": bool(hf.get("shared_expert_intermediate_size"))}
+
+
+ARCHITECTURES = (
+    Architecture("qwen3_moe", Qwen3Moe, qwen3_moe_fields),
+    Architecture("qwen2_moe", Qwen2Moe, qwen2_moe_fields),
+)
