@@ -16,7 +16,7 @@ import torch
 from corpus import chunks, corpus
 from nexttok.checkpoints.bundled import DEFAULT_MODEL, bundled_model_file
 from nexttok.checkpoints.convert import convert_gguf
-from nexttok.checkpoints.export import write_gguf_gpt2
+from nexttok.checkpoints.export import write_gguf
 from nexttok.checkpoints.gguf.reader import GGUFError, hf_tensor_name
 from nexttok.checkpoints.loading import load_checkpoint
 from nexttok.cli import main
@@ -118,15 +118,17 @@ def test_gguf_export_of_gpt2_round_trips(tmp_path, gpt2_dir, converted_default):
     from gguf import GGUFReader
     from safetensors.numpy import load_file
 
-    from tiny_models import write_tiny_with_gpt2_tokenizer
+    from tiny_models import write_tiny, write_tiny_with_gpt2_tokenizer
 
     write_tiny_with_gpt2_tokenizer("gpt2", tmp_path, gpt2_dir)
-    out = write_gguf_gpt2(tmp_path, tmp_path / "m.gguf")
+    out = write_gguf(tmp_path, tmp_path / "m.gguf")
     reader = GGUFReader(str(out))
     tensors = {t.name: np.array(t.data).reshape([int(d) for d in reversed(t.shape)]) for t in reader.tensors}
     hf = load_file(str(tmp_path / "model.safetensors"))
     np.testing.assert_array_equal(tensors["blk.1.attn_qkv.weight"], hf["transformer.h.1.attn.c_attn.weight"].T)
-    np.testing.assert_array_equal(tensors["output.weight"], hf["transformer.wte.weight"])
+    np.testing.assert_array_equal(tensors["token_embd.weight"], hf["transformer.wte.weight"])
+    assert "output.weight" not in tensors  # tied to token_embd, which llama.cpp reads for it
     assert reader.fields["tokenizer.ggml.tokens"].contents()[464] == "The"
-    with pytest.raises(GGUFError, match="GPT-2 checkpoints only"):
-        write_gguf_gpt2(converted_default, tmp_path / "x.gguf")
+    write_tiny("phi3", tmp_path / "phi3")
+    with pytest.raises(GGUFError, match=r"GGUF export does not cover 'phi3' \(it covers: gpt2, llama, qwen2, qwen3, "):
+        write_gguf(tmp_path / "phi3", tmp_path / "x.gguf")

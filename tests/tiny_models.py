@@ -63,19 +63,27 @@ SPECS = {
     # them, and what else differs (shared experts, biases, sinks, windows, multipliers)
     "qwen3_moe": ("Qwen3MoeConfig", dict(
         COMMON, num_hidden_layers=3, num_key_value_heads=2, num_experts=8, num_experts_per_tok=2,
-        moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[1])),
+        moe_intermediate_size=32, norm_topk_prob=True)),
+    # what llama.cpp's qwen3moe cannot hold: weights not renormalised, a dense layer, biases, head_dim
+    # apart from hidden / heads
     "qwen3_moe_unnormed": ("Qwen3MoeConfig", dict(
         COMMON, num_key_value_heads=1, head_dim=32, num_experts=4, num_experts_per_tok=3, moe_intermediate_size=32,
         norm_topk_prob=False, decoder_sparse_step=2, attention_bias=True)),
     "qwen2_moe": ("Qwen2MoeConfig", dict(
         COMMON, num_key_value_heads=2, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
         shared_expert_intermediate_size=48)),
-    "mixtral": ("MixtralConfig", dict(COMMON, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
-                                      sliding_window=7)),
-    "olmoe": ("OlmoeConfig", dict(COMMON, num_key_value_heads=2, num_experts=8, num_experts_per_tok=2,
+    "mixtral": ("MixtralConfig", dict(COMMON, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)),
+    "olmoe": ("OlmoeConfig", dict(COMMON, num_key_value_heads=4, num_experts=8, num_experts_per_tok=2,
                                   eos_token_id=2, pad_token_id=1)),
-    # YaRN over a 32-token original context (factor 4, HF's truncate=False); a window the prompts exceed
+    # YaRN over a 32-token original context (factor 4, its correction range rounded as llama.cpp does);
+    # a window the prompts exceed, on the layers that layer_types says (not llama.cpp's default pattern)
     "gpt_oss": ("GptOssConfig", dict(
+        COMMON, num_hidden_layers=3, num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+        sliding_window=5, layer_types=["full_attention", "sliding_attention", "sliding_attention"],
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": True,
+                         "original_max_position_embeddings": 32, "rope_theta": 10000.0})),
+    # gpt-oss's own YaRN (truncate false, which llama.cpp cannot hold) and layer pattern
+    "gpt_oss_untruncated": ("GptOssConfig", dict(
         COMMON, num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=5,
         rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                          "original_max_position_embeddings": 32, "rope_theta": 10000.0})),
@@ -89,6 +97,8 @@ SPECS = {
         residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=3.0)),
 }
 MOE = [name for name in SPECS if any(family in name for family in ("moe", "mixtral", "gpt_oss"))]
+# one per family, each something llama.cpp's GGUF holds as is (tests/test_moe_gguf.py writes them as GGUF)
+GGUF_MOE = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gpt_oss", "glm4_moe", "granitemoe"]
 
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content']"
           " + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
@@ -115,6 +125,37 @@ def write_tiny(name: str, directory: Path, seed: int = 0, vocab_size: int | None
     model.eval()
     model.save_pretrained(directory, **save_kwargs)
     return model
+
+
+def write_tiny_tokenizer(directory: Path, vocab_size: int = VOCAB) -> None:
+    """A byte-level BPE tokenizer.json whose ids are the first vocab_size bytes (ASCII for 128), but for
+    ids 1-8 (control characters), which are eight merges of common letter pairs: enough for a tiny
+    model to have a tokenizer a GGUF carries (llama.cpp wants merges)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    by_byte = _byte_chars()
+    vocab = {by_byte[b]: b for b in range(vocab_size)}
+    merges = [("t", "h"), ("h", "e"), ("i", "n"), ("e", "r"), ("a", "n"), ("r", "e"), ("o", "n"), ("a", "t")]
+    for i, (a, b) in enumerate(merges, start=1):
+        del vocab[by_byte[i]]
+        vocab[a + b] = i
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.save(str(directory / "tokenizer.json"))
+
+
+def _byte_chars() -> dict[int, str]:
+    """GPT-2's byte → printable character map (bytes_to_unicode)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
 
 
 def write_tiny_with_gpt2_tokenizer(name: str, directory: Path, gpt2_dir: Path, seed: int = 0):

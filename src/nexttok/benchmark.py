@@ -23,7 +23,7 @@ from queue import Empty
 
 import torch
 
-from nexttok.checkpoints.export import write_gguf_gpt2
+from nexttok.checkpoints.export import write_gguf
 from nexttok.checkpoints.gguf.reader import GGUFError
 from nexttok.checkpoints.loading import load_checkpoint
 from nexttok.generation import prefill as prefill_module
@@ -316,7 +316,7 @@ def report(results: dict[str, dict | str], bandwidth_gbs: float, cfg: BenchConfi
 
 
 def llama_cpp_column(cfg: BenchConfig, workdir: str) -> str | None:
-    """Prepare the llama.cpp column (the .gguf itself, or a float32 GGUF of a GPT-2 directory);
+    """Prepare the llama.cpp column (the .gguf itself, or a float32 GGUF of a checkpoint directory);
     None, or why it is skipped."""
     import importlib.util
 
@@ -326,7 +326,7 @@ def llama_cpp_column(cfg: BenchConfig, workdir: str) -> str | None:
         cfg.extra["gguf"] = cfg.source
         return None
     try:
-        cfg.extra["gguf"] = str(write_gguf_gpt2(cfg.source, f"{workdir}/model-f32.gguf"))
+        cfg.extra["gguf"] = str(write_gguf(cfg.source, f"{workdir}/model-f32.gguf"))
     except GGUFError as e:
         return str(e)
     return None

@@ -1,81 +1,208 @@
-"""HF GPT-2 checkpoint → GGUF (float32), so llama.cpp can run the very same weights side by side
-(the benchmark's llama.cpp column). The reverse direction, GGUF → HF, is convert.py's.
+"""HF checkpoint → GGUF, in llama.cpp's tensor names and metadata, so that llama.cpp runs the very same
+weights side by side (the benchmark's llama.cpp column) and our GGUF path can be checked against the
+checkpoint it came from. The reverse direction, GGUF → HF, is convert.py's.
+
+    write_gguf("tiny-qwen3-moe/", "tiny.gguf", kind="Q8_0")
+
+The model is loaded by our own loader (the family's renames and transforms applied, float32), then
+written back out by the family's registry entry (models/registry.py): GGUFLayout.metadata gives the
+metadata keys (the inverse of GGUFLayout.config), GGUFLayout.tensors the names; fused projections
+are split into their parts again, stacked experts into llama.cpp's three 3-D tensors, Llama's q/k
+rows interleaved as llama.cpp's converter does, Gemma's norms plus 1. Matrices are written in
+`kind` (F32, F16, BF16, or a block type the `gguf` package quantizes: Q8_0, Q4_0, Q4_1, Q5_0,
+Q5_1, MXFP4) where their rows are whole blocks, as llama.cpp's converter does, and in F32 where
+not; norms, biases, sinks and the routers stay F32. The tokenizer must be byte-level BPE.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from pathlib import Path
 
-from nexttok.checkpoints.gguf.reader import GGUFError
-from nexttok.checkpoints.weights import checkpoint_files
-from nexttok.models.registry import read_config
+import numpy as np
+import torch
+
+from nexttok.checkpoints.gguf.metadata import GGUFError
+from nexttok.checkpoints.gguf.tokenizer import LLAMA3_PATTERN, QWEN2_PATTERN
+from nexttok.checkpoints.loading import load_model
+from nexttok.models.architecture import GGUFLayout
+from nexttok.models.config import ConfigError
+from nexttok.models.fused import FusedLinear, fused_parts
+from nexttok.models.registry import ARCHITECTURES, architecture, read_config
 from nexttok.tokenizers.from_json import from_directory
+from nexttok.tokenizers.tokenizer import Tokenizer
 
-_GPT2_TO_GGUF = {
-    "wte.weight": "token_embd.weight", "wpe.weight": "position_embd.weight",
-    "ln_f.weight": "output_norm.weight", "ln_f.bias": "output_norm.bias",
-    "ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output",
-    "ln_2": "ffn_norm", "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down",
-}
+KINDS = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "MXFP4")
+KEPT_F32 = ("norm.weight", ".bias", "ffn_gate_inp.weight", "attn_sinks.weight", "exp_probs_b.bias")
+FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "BF16": 32, "MXFP4": 38}
 
 
-def _gguf_gpt2_name(name: str) -> str | None:
-    """HF GPT-2 tensor name → llama.cpp's: "h.3.attn.c_attn.weight" -> "blk.3.attn_qkv.weight"."""
-    name = name.removeprefix("transformer.")
-    if name in _GPT2_TO_GGUF:
-        return _GPT2_TO_GGUF[name]
-    parts = name.split(".")
-    if len(parts) >= 4 and parts[0] == "h" and parts[1].isdigit():
-        module, kind = ".".join(parts[2:-1]), parts[-1]
-        if module in _GPT2_TO_GGUF:
-            return f"blk.{parts[1]}.{_GPT2_TO_GGUF[module]}.{kind}"
-    return None  # buffers such as attn.bias (the causal mask) have no GGUF counterpart
-
-
-def write_gguf_gpt2(directory: str | Path, out: str | Path) -> Path:
-    """Write a GGUF (float32) of an HF GPT-2 checkpoint directory with its tokenizer."""
+def write_gguf(directory: str | Path, out: str | Path, kind: str = "F32") -> Path:
+    """Write an HF checkpoint directory (any family whose registry entry has a GGUF layout) as a
+    GGUF file with its byte-level BPE tokenizer and chat template."""
     import gguf  # the third-party package (absolute import), not nexttok.checkpoints.gguf.reader
-    import numpy as np
-    from safetensors.numpy import load_file
 
     directory, out = Path(directory), Path(out)
+    if kind not in KINDS:
+        raise GGUFError(f"GGUF export kind must be one of {', '.join(KINDS)}, got {kind!r}")
     config = read_config(directory)
-    if config.model_type != "gpt2":
-        raise GGUFError(f"GGUF export supports GPT-2 checkpoints only, not {config.model_type!r}")
+    layout = architecture(config.model_type).gguf
+    if layout is None or layout.metadata is None:
+        covered = ", ".join(t for t, a in ARCHITECTURES.items() if a.gguf is not None and a.gguf.metadata is not None)
+        raise GGUFError(f"GGUF export does not cover {config.model_type!r} (it covers: {covered})")
+    try:
+        metadata = layout.metadata(config)
+    except ConfigError as e:
+        raise GGUFError(f"{directory}: {e}") from None
     tokenizer = from_directory(directory)
-    writer = gguf.GGUFWriter(str(out), "gpt2")
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_layer_norm_eps(config.norm_eps)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    tokens = [""] * config.vocab_size
-    for token, i in tokenizer.vocab.items():
-        tokens[i] = token
-    special = {t.id for t in tokenizer.added_tokens if t.special}
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("gpt-2")
-    writer.add_token_list(tokens)
-    writer.add_token_types([3 if i in special else 1 for i in range(config.vocab_size)])
-    writer.add_token_merges([f"{a} {b}" for (a, b) in tokenizer.merge_ranks])
-    if config.eos_token_id:
-        writer.add_eos_token_id(config.eos_token_id[0])
-        writer.add_bos_token_id(config.bos_token_id if config.bos_token_id is not None else config.eos_token_id[0])
-    for path in checkpoint_files(directory):
-        for name, array in load_file(str(path)).items():
-            target = _gguf_gpt2_name(name)
-            if target is None:
-                continue
-            if name.endswith((".c_attn.weight", ".c_proj.weight", ".c_fc.weight")):
-                array = array.T  # HF Conv1D (in, out) → (out, in)
-            array = np.ascontiguousarray(array, dtype=np.float32)
-            writer.add_tensor(target, array)
-            if target == "token_embd.weight":
-                writer.add_tensor("output.weight", array)  # GPT-2's output is tied to wte
+    model = load_model(directory, dtype="float32", device="cpu")
+    writer = gguf.GGUFWriter(str(out), layout.arch)
+    writer.add_file_type(FILE_TYPES[kind])
+    for key, value in metadata.items():
+        _add(writer, f"{layout.arch}.{key}", value)
+    _write_tokenizer(writer, tokenizer, directory, config)
+    for name, array in gguf_tensors(model, layout):
+        _write_tensor(writer, name, array, kind)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return out
+
+
+def gguf_tensors(model: torch.nn.Module, layout: GGUFLayout) -> Iterator[tuple[str, np.ndarray]]:
+    """(llama.cpp's name, float32 array) of every weight of a loaded model, in the layout's names."""
+    names = {ours: theirs for theirs, ours in layout.tensors.items()}
+    tied = model.config.tie_word_embeddings
+    for ours, value in _checkpoint_tensors(model):
+        if tied and ours == "lm_head.weight":
+            continue
+        value = value.detach().float()
+        if any(ours.endswith(p) for p in layout.permuted):
+            heads = model.config.num_attention_heads if ".q_proj." in ours else model.config.num_key_value_heads
+            value = _permute(value, heads)
+        if layout.norm_offset and ours.endswith("norm.weight"):
+            value = value + layout.norm_offset
+        yield _gguf_name(ours, names, layout), np.ascontiguousarray(value.numpy())
+
+
+def _checkpoint_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(our checkpoint name, tensor) of every parameter, fused projections split into their parts and
+    stacked experts into their three 3-D tensors (mlp.experts.gate_proj.weight: (E, inner, hidden))."""
+    for name, value in model.state_dict().items():
+        module_name, leaf = name.rsplit(".", 1)
+        module = model.get_submodule(module_name)
+        if isinstance(module, FusedLinear):
+            parts = fused_parts(module_name, module)
+            yield from zip((f"{_prefixed(model, p)}.{leaf}" for p in parts), value.split(list(parts.values())),
+                           strict=True)
+        elif hasattr(module, "checkpoint_parts"):  # moe.Experts
+            base = _prefixed(model, module_name)
+            if leaf.startswith("gate_up_proj"):
+                gate, up = value.chunk(2, dim=1)
+                kind = "bias" if leaf.endswith("bias") else "weight"
+                yield from ((f"{base}.gate_proj.{kind}", gate), (f"{base}.up_proj.{kind}", up))
+            else:
+                yield f"{base}.down_proj.{'bias' if leaf.endswith('bias') else 'weight'}", value
+        else:
+            yield _prefixed(model, name), value
+
+
+def _prefixed(model: torch.nn.Module, name: str) -> str:
+    return name if name.startswith(model.UNPREFIXED) else model.CHECKPOINT_PREFIX + name
+
+
+def _gguf_name(ours: str, names: dict[str, str], layout: GGUFLayout) -> str:
+    """"model.layers.3.self_attn.q_proj.weight" -> "blk.3.attn_q.weight" (the layout's table, inverted)."""
+    if ours in names:
+        return names[ours]
+    if ours.startswith(layout.block):
+        layer, rest = ours[len(layout.block):].split(".", 1)
+        if rest in names:
+            return f"blk.{layer}.{names[rest]}"
+    raise GGUFError(f"tensor {ours!r} has no name in llama.cpp's {layout.arch} layout")
+
+
+def _permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """llama.cpp's interleaving of Llama's q/k rows for its RoPE kernel: rows (head, 2, pair) -> (head,
+    pair, 2), as convert_hf_to_gguf's permute (the reader's _unpermute undoes it)."""
+    rows = w.shape[0]
+    return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _write_tensor(writer, name: str, array: np.ndarray, kind: str) -> None:
+    from gguf import GGMLQuantizationType, quants
+
+    block = quants.GGML_QUANT_SIZES[GGMLQuantizationType[kind]][0] if kind not in ("F32", "F16", "BF16") else 1
+    if array.ndim < 2 or name.endswith(KEPT_F32) or kind == "F32" or array.shape[-1] % block:
+        writer.add_tensor(name, array.astype(np.float32))
+    elif kind == "F16":
+        writer.add_tensor(name, array.astype(np.float16))
+    else:
+        qtype = GGMLQuantizationType[kind]
+        data = quants.quantize(array, qtype)  # (..., bytes per row)
+        writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qtype)
+
+
+def _add(writer, key: str, value) -> None:
+    """One metadata value in the GGUF type llama.cpp reads it as (counts uint32, scales float32)."""
+    if isinstance(value, bool):
+        writer.add_bool(key, value)
+    elif isinstance(value, int):
+        writer.add_uint32(key, value)
+    elif isinstance(value, float):
+        writer.add_float32(key, value)
+    elif isinstance(value, str):
+        writer.add_string(key, value)
+    elif isinstance(value, (list, tuple)):
+        writer.add_array(key, list(value))
+    else:
+        raise GGUFError(f"GGUF metadata {key} has a value of type {type(value).__name__}")
+
+
+def _write_tokenizer(writer, tokenizer: Tokenizer, directory: Path, config) -> None:
+    """The vocabulary as llama.cpp's tokenizer.ggml.* keys: byte-level BPE ("gpt2") with its merges."""
+    if not tokenizer.symbols.byte_level:
+        raise GGUFError("GGUF export writes byte-level BPE tokenizers only (SentencePiece vocabularies need "
+                        "scores and token types this writer does not derive)")
+    tokens = [""] * config.vocab_size
+    for token, i in tokenizer.vocab.items():
+        if i < config.vocab_size:
+            tokens[i] = token
+    for t in tokenizer.added_tokens:
+        if t.id < config.vocab_size:
+            tokens[t.id] = t.content
+    for i, token in enumerate(tokens):  # the embedding's rows past the vocabulary: llama.cpp wants a name each
+        tokens[i] = token or f"[PAD{i}]"
+    special = {t.id for t in tokenizer.added_tokens if t.special}
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(_pre_tokenizer(directory))
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if i in special else 1 for i in range(config.vocab_size)])
+    writer.add_token_merges([f"{a} {b}" for (a, b) in tokenizer.merge_ranks])
+    if config.eos_token_id:
+        writer.add_eos_token_id(config.eos_token_id[0])
+    if config.bos_token_id is not None:
+        writer.add_bos_token_id(config.bos_token_id)
+    template = _chat_template(directory)
+    if template:
+        writer.add_chat_template(template)
+
+
+def _pre_tokenizer(directory: Path) -> str:
+    """llama.cpp's tokenizer.ggml.pre for the directory's tokenizer.json split pattern (GPT-2's by default)."""
+    path = directory / "tokenizer.json"
+    text = path.read_text(encoding="utf-8") if path.is_file() else ""
+    for pattern, name in ((LLAMA3_PATTERN, "llama-bpe"), (QWEN2_PATTERN, "qwen2")):
+        if json.dumps(pattern)[1:-1] in text:
+            return name
+    return "gpt-2"
+
+
+def _chat_template(directory: Path) -> str | None:
+    path = directory / "tokenizer_config.json"
+    if not path.is_file():
+        return None
+    template = json.loads(path.read_text(encoding="utf-8")).get("chat_template")
+    return template if isinstance(template, str) else None

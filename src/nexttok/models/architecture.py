@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from nexttok.models.config import ConfigError
+from nexttok.models.config import ConfigError, ModelConfig
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,8 @@ class GGUFLayout:
     permuted: tuple[str, ...] = ()
     norm_offset: float = 0.0
     hf_class: str = ""  # config.json's "architectures" entry for a checkpoint converted from the file
+    metadata: Callable[[ModelConfig], dict] | None = None  # config -> "<arch>." keys: how checkpoints/export.py
+    # writes the family (config's inverse); None where nexttok writes no GGUF of it
 
 
 @dataclass(frozen=True)

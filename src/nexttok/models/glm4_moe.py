@@ -18,9 +18,9 @@ unread, as there.
 
 from __future__ import annotations
 
-from nexttok.models import llama, moe
-from nexttok.models.architecture import Architecture
-from nexttok.models.config import positive_number, sparse_layers
+from nexttok.models import llama, moe, qwen3
+from nexttok.models.architecture import Architecture, GGUFLayout, GGUFMeta
+from nexttok.models.config import ConfigError, ModelConfig, positive_number, sparse_layers
 
 
 class Glm4MoeLayer(llama.DecoderLayer):
@@ -53,5 +53,49 @@ def unused(name: str, num_hidden_layers: int) -> bool:
 
 
 RENAMES = ((".mlp.shared_experts.", ".mlp.shared_expert."),)
+SIGMOID = 2  # llama.cpp's expert_gating_func for sigmoid scores
 
-ARCHITECTURES = (Architecture("glm4_moe", Glm4Moe, fields, renames=RENAMES, unused=unused),)
+
+def gguf_config(meta: GGUFMeta) -> dict:
+    """llama.cpp's glm4moe: its routing from expert_* keys, with llama.cpp's defaults where a key is
+    missing (expert_weights_norm false, expert_weights_scale 0 = none); the next-token-prediction
+    blocks (nextn_predict_layers) past the model's own are not read."""
+    if meta.get("expert_gating_func", SIGMOID) != SIGMOID:
+        raise ConfigError(f"GGUF glm4moe expert_gating_func {meta.get('expert_gating_func')} is not supported "
+                          "(sigmoid, 2, is)")
+    config = llama.gguf_config(meta)
+    return {**config, **moe.gguf_config(meta, "n_routed_experts"),
+            "num_hidden_layers": config["num_hidden_layers"] - meta.get("nextn_predict_layers", 0),
+            "n_shared_experts": meta.key("expert_shared_count"),
+            "first_k_dense_replace": meta.get("leading_dense_block_count", 0),
+            "norm_topk_prob": bool(meta.get("expert_weights_norm", False)),
+            "routed_scaling_factor": meta.get("expert_weights_scale") or 1.0,
+            "n_group": meta.get("expert_group_count", 1), "topk_group": meta.get("expert_group_used_count", 1),
+            "use_qk_norm": "blk.0.attn_q_norm.weight" in meta.tensor_names,
+            "attention_bias": "blk.0.attn_q.bias" in meta.tensor_names,
+            "partial_rotary_factor": config.get("partial_rotary_factor", 1.0)}
+
+
+def gguf_metadata(config: ModelConfig) -> dict:
+    moe.representable(config.n_group == 1 or config.topk_group < config.n_group,
+                      "topk_group equal to n_group (llama.cpp asserts fewer)")
+    first = config.mlp_types.index("sparse")
+    return {**llama.gguf_metadata(config), **moe.gguf_metadata(config),
+            "expert_shared_count": config.shared_expert_intermediate_size // config.moe_intermediate_size,
+            "leading_dense_block_count": first, "expert_gating_func": SIGMOID,
+            "expert_weights_norm": config.norm_topk_prob, "expert_weights_scale": float(config.routed_scaling_factor),
+            "expert_group_count": config.n_group, "expert_group_used_count": config.topk_group}
+
+
+GGUF_TENSORS = {
+    **{k: v for k, v in llama.GGUF_TENSORS.items() if k != "ffn_norm.weight"}, **qwen3.QK_NORM_TENSORS,
+    **moe.GGUF_TENSORS, **{k: v for k, v in moe.SHARED_GGUF_TENSORS.items() if "inp" not in k},
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "exp_probs_b.bias": "mlp.gate.e_score_correction_bias",
+}
+
+ARCHITECTURES = (
+    Architecture("glm4_moe", Glm4Moe, fields, GGUFLayout("glm4moe", gguf_config, GGUF_TENSORS,
+                                                          hf_class="Glm4MoeForCausalLM", metadata=gguf_metadata),
+                 renames=RENAMES, unused=unused),
+)

@@ -161,6 +161,14 @@ def gguf_config(meta: GGUFMeta) -> dict:
             "layer_norm_epsilon": meta.key("attention.layer_norm_epsilon")}
 
 
+def gguf_metadata(config: ModelConfig) -> dict:
+    """gguf_config's inverse."""
+    return {"context_length": config.max_position_embeddings, "embedding_length": config.hidden_size,
+            "feed_forward_length": config.intermediate_size, "block_count": config.num_hidden_layers,
+            "attention.head_count": config.num_attention_heads,
+            "attention.layer_norm_epsilon": float(config.norm_eps)}
+
+
 # llama.cpp's convert_hf_to_gguf transposes HF's Conv1D (in, out) weights to (out, in); newer files
 # leave output.weight out: the output layer is then tied to token_embd
 GGUF_TENSORS = {  # per block: "blk.N." → "transformer.h.N."
@@ -174,4 +182,5 @@ GGUF_TENSORS = {  # per block: "blk.N." → "transformer.h.N."
 }
 
 ARCHITECTURES = (Architecture("gpt2", GPT2, fields, GGUFLayout("gpt2", gguf_config, GGUF_TENSORS, "transformer.h.",
-                                                              hf_class="GPT2LMHeadModel")),)
+                                                              hf_class="GPT2LMHeadModel",
+                                                              metadata=gguf_metadata)),)

@@ -22,8 +22,8 @@ from __future__ import annotations
 import torch
 
 from nexttok.models import llama, moe
-from nexttok.models.architecture import Architecture
-from nexttok.models.config import positive_number
+from nexttok.models.architecture import Architecture, GGUFLayout, GGUFMeta
+from nexttok.models.config import ModelConfig, positive_number
 
 
 class GptOssLayer(llama.DecoderLayer):
@@ -65,4 +65,46 @@ RENAMES = ((".mlp.router.", ".mlp.gate."),)
 TRANSFORMS = {"mlp.experts.gate_up_proj": _gate_up, "mlp.experts.gate_up_proj_bias": _gate_up_bias,
               "mlp.experts.down_proj": lambda w: w.transpose(1, 2)}
 
-ARCHITECTURES = (Architecture("gpt_oss", GptOss, fields, renames=RENAMES, transforms=TRANSFORMS),)
+def gguf_config(meta: GGUFMeta) -> dict:
+    """llama.cpp's gpt-oss: expert_feed_forward_length is each expert's width; the layers slide as
+    attention.sliding_window_pattern says, else every even one (as llama.cpp's default); swiglu's
+    alpha and limit are llama.cpp's constants (HF's defaults)."""
+    config = {**llama.gguf_config(meta), **moe.gguf_config(meta, "num_local_experts"),
+              "intermediate_size": meta.key("expert_feed_forward_length"),
+              "sliding_window": meta.key("attention.sliding_window"), "attention_bias": True}
+    pattern = meta.get("attention.sliding_window_pattern")
+    layers = config["num_hidden_layers"]
+    sliding = list(pattern) if pattern is not None else [i % 2 == 0 for i in range(layers)]
+    config["layer_types"] = ["sliding_attention" if s else "full_attention" for s in sliding]
+    # as rope_parameters, which fields reads before gpt-oss's own default (YaRN)
+    scaling = config.pop("rope_scaling", {"rope_type": "default"})
+    config["rope_parameters"] = {**scaling, "rope_theta": config["rope_theta"]}
+    return config
+
+
+def gguf_metadata(config: ModelConfig) -> dict:
+    moe.representable((config.swiglu_alpha, config.swiglu_limit) == (1.702, 7.0),
+                      "a clamped SwiGLU other than alpha 1.702, limit 7 (llama.cpp's constants)")
+    moe.representable(config.attention_bias and config.o_proj_bias and not config.tie_word_embeddings,
+                      "a gpt-oss without attention biases, or with tied embeddings")
+    out = {**llama.gguf_metadata(config), **moe.gguf_metadata(config),
+           "attention.sliding_window": config.sliding_window, "feed_forward_length": config.moe_intermediate_size}
+    if config.layer_types != ["sliding_attention" if i % 2 == 0 else "full_attention"
+                              for i in range(config.num_hidden_layers)]:
+        out["attention.sliding_window_pattern"] = [t == "sliding_attention" for t in config.layer_types]
+    return out
+
+
+GGUF_TENSORS = {
+    **{k: v for k, v in llama.GGUF_TENSORS.items() if k != "ffn_norm.weight"}, **moe.GGUF_TENSORS,
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "attn_sinks.weight": "self_attn.sinks",
+    "ffn_gate_inp.bias": "mlp.gate.bias",
+    **{f"ffn_{p}_exps.bias": f"mlp.experts.{p}_proj.bias" for p in ("gate", "up", "down")},
+}
+
+ARCHITECTURES = (
+    Architecture("gpt_oss", GptOss, fields,
+                 GGUFLayout("gpt-oss", gguf_config, GGUF_TENSORS, hf_class="GptOssForCausalLM", metadata=gguf_metadata),
+                 renames=RENAMES, transforms=TRANSFORMS),
+)

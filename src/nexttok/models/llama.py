@@ -333,8 +333,6 @@ def gguf_config(meta: GGUFMeta) -> dict:
     attention and RoPE of every family built on them)."""
     hidden, heads = meta.key("embedding_length"), meta.key("attention.head_count")
     head_dim = meta.get("attention.key_length", hidden // heads)
-    if meta.get("rope.dimension_count", head_dim) != head_dim:
-        raise ConfigError("partial rotary embeddings (rope.dimension_count != head dim) are not supported")
     if "rope_freqs.weight" in meta.tensor_names:
         raise ConfigError("GGUF rope_freqs (Llama 3.1 style frequency factors) are not supported yet")
     config = {
@@ -345,12 +343,44 @@ def gguf_config(meta: GGUFMeta) -> dict:
         "rms_norm_eps": meta.key("attention.layer_norm_rms_epsilon"),
         "rope_theta": meta.key("rope.freq_base", 10000.0), "hidden_act": "silu",
     }
+    rotary = meta.get("rope.dimension_count", head_dim)
+    if rotary != head_dim:  # the family's fields refuse it where llama.cpp does (the llama arch)
+        config["partial_rotary_factor"] = rotary / head_dim
     kind = meta.get("rope.scaling.type", "none")
-    if kind not in ("none", None):
-        if kind != "linear":
-            raise ConfigError(f"GGUF rope scaling {kind!r} is not supported")
+    if kind == "linear":
         config["rope_scaling"] = {"rope_type": "linear", "factor": meta.key("rope.scaling.factor")}
+    elif kind == "yarn":
+        if meta.get("rope.scaling.attn_factor", 1.0) != 1.0:
+            raise ConfigError("GGUF rope.scaling.attn_factor other than 1 is not supported")
+        # ggml rounds YaRN's correction range (truncate), whatever the original config said
+        config["rope_scaling"] = {"rope_type": "yarn", "factor": meta.key("rope.scaling.factor"), "truncate": True,
+                                  "original_max_position_embeddings": meta.key("rope.scaling.original_context_length")}
+    elif kind not in ("none", None):
+        raise ConfigError(f"GGUF rope scaling {kind!r} is not supported")
+    if meta.get("expert_count", 0) and meta.arch == "llama":  # llama.cpp writes Mixtral as a llama file
+        config.update(model_type="mixtral", num_local_experts=meta.key("expert_count"),
+                      num_experts_per_tok=meta.key("expert_used_count"))
     return config
+
+
+def gguf_metadata(config: ModelConfig) -> dict:
+    """gguf_config's inverse: the "<arch>." metadata llama.cpp reads for a Llama-like model."""
+    out = {"context_length": config.max_position_embeddings, "embedding_length": config.hidden_size,
+           "block_count": config.num_hidden_layers, "feed_forward_length": config.intermediate_size,
+           "attention.head_count": config.num_attention_heads,
+           "attention.head_count_kv": config.num_key_value_heads, "attention.key_length": config.head_dim,
+           "attention.value_length": config.head_dim, "rope.dimension_count": config.rotary_dim,
+           "rope.freq_base": float(config.rope_theta), "attention.layer_norm_rms_epsilon": float(config.norm_eps)}
+    scaling = config.rope_scaling
+    if scaling is not None:
+        if scaling["rope_type"] not in ("linear", "yarn"):
+            raise ConfigError(f"GGUF export of rope_type {scaling['rope_type']!r} is not supported")
+        out.update({"rope.scaling.type": scaling["rope_type"], "rope.scaling.factor": float(scaling["factor"])})
+        if scaling["rope_type"] == "yarn":
+            out["rope.scaling.original_context_length"] = scaling["original_max_position_embeddings"]
+    if config.sliding_window and "sliding_attention" in config.layer_types:
+        out["attention.sliding_window"] = config.sliding_window
+    return out
 
 
 GGUF_TENSORS = {  # llama.cpp → ours (per block: "blk.N." → "model.layers.N.")
@@ -362,7 +392,7 @@ GGUF_TENSORS = {  # llama.cpp → ours (per block: "blk.N." → "model.layers.N.
     "attn_q.weight": "self_attn.q_proj.weight", "attn_q.bias": "self_attn.q_proj.bias",
     "attn_k.weight": "self_attn.k_proj.weight", "attn_k.bias": "self_attn.k_proj.bias",
     "attn_v.weight": "self_attn.v_proj.weight", "attn_v.bias": "self_attn.v_proj.bias",
-    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight", "attn_output.bias": "self_attn.o_proj.bias",
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
@@ -372,8 +402,9 @@ QK_PERMUTED = (".q_proj.weight", ".k_proj.weight")  # llama.cpp interleaves thei
 ARCHITECTURES = (
     Architecture("llama", Llama, lambda hf: fields(hf, "llama"),
                  GGUFLayout("llama", gguf_config, GGUF_TENSORS, permuted=QK_PERMUTED,
-                            hf_class="LlamaForCausalLM")),
+                            hf_class="LlamaForCausalLM", metadata=gguf_metadata)),
     Architecture("qwen2", Llama, lambda hf: fields(hf, "qwen2"),
-                 GGUFLayout("qwen2", gguf_config, GGUF_TENSORS, hf_class="Qwen2ForCausalLM")),
+                 GGUFLayout("qwen2", gguf_config, GGUF_TENSORS, hf_class="Qwen2ForCausalLM",
+                            metadata=gguf_metadata)),
     Architecture("mistral", Llama, lambda hf: fields(hf, "mistral")),
 )

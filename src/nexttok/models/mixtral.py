@@ -12,7 +12,8 @@ w2 (down): renamed as they are read. A sliding_window, where set, applies to eve
 from __future__ import annotations
 
 from nexttok.models import llama, moe
-from nexttok.models.architecture import Architecture
+from nexttok.models.architecture import Architecture, GGUFLayout
+from nexttok.models.config import ModelConfig
 
 
 class MixtralLayer(llama.DecoderLayer):
@@ -29,4 +30,14 @@ def fields(hf: dict) -> dict:
 
 RENAMES = ((".block_sparse_moe.", ".mlp."), (".w1.", ".gate_proj."), (".w3.", ".up_proj."), (".w2.", ".down_proj."))
 
-ARCHITECTURES = (Architecture("mixtral", Mixtral, fields, renames=RENAMES),)
+def gguf_metadata(config: ModelConfig) -> dict:
+    """llama.cpp writes Mixtral as a llama file with experts (feed_forward_length: each expert's)."""
+    moe.representable(config.sliding_window is None, "a sliding window in a llama file")
+    return {**llama.gguf_metadata(config), **moe.gguf_metadata(config)}
+
+
+# read through llama's entry (its gguf_config says model_type mixtral where the file has experts)
+GGUF = GGUFLayout("llama", llama.gguf_config, {**llama.GGUF_TENSORS, **moe.GGUF_TENSORS}, permuted=llama.QK_PERMUTED,
+                  hf_class="MixtralForCausalLM", metadata=gguf_metadata)
+
+ARCHITECTURES = (Architecture("mixtral", Mixtral, fields, GGUF, renames=RENAMES),)

@@ -203,3 +203,38 @@ def fields(hf: dict, *, experts: str = "num_experts", inner: str | None = "moe_i
                 norm_topk_prob=bool(hf.get("norm_topk_prob", False)) if norm is None else norm,
                 mlp_types=sparse_layers(hf["num_hidden_layers"]))
 
+
+# llama.cpp's names of a mixture of experts' tensors (per block), and of a shared expert's
+GGUF_TENSORS = {
+    "ffn_gate_inp.weight": "mlp.gate.weight",
+    "ffn_gate_exps.weight": "mlp.experts.gate_proj.weight",
+    "ffn_up_exps.weight": "mlp.experts.up_proj.weight",
+    "ffn_down_exps.weight": "mlp.experts.down_proj.weight",
+}
+SHARED_GGUF_TENSORS = {
+    "ffn_gate_shexp.weight": "mlp.shared_expert.gate_proj.weight",
+    "ffn_up_shexp.weight": "mlp.shared_expert.up_proj.weight",
+    "ffn_down_shexp.weight": "mlp.shared_expert.down_proj.weight",
+    "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight",
+}
+
+
+def gguf_config(meta, experts: str = "num_experts") -> dict:
+    """The experts' config.json keys from llama.cpp's metadata (expert_count, expert_used_count,
+    expert_feed_forward_length where the family writes it)."""
+    out = {experts: meta.key("expert_count"), "num_experts_per_tok": meta.key("expert_used_count")}
+    if meta.get("expert_feed_forward_length") is not None:
+        out["moe_intermediate_size"] = meta.get("expert_feed_forward_length")
+    return out
+
+
+def gguf_metadata(config: ModelConfig) -> dict:
+    """gguf_config's inverse."""
+    return {"expert_count": config.num_experts, "expert_used_count": config.num_experts_per_tok,
+            "expert_feed_forward_length": config.moe_intermediate_size}
+
+
+def representable(ok: bool, what: str) -> None:
+    """Refuse (ConfigError) to write a GGUF that llama.cpp would run otherwise than the checkpoint."""
+    if not ok:
+        raise ConfigError(f"llama.cpp's GGUF cannot hold {what}")

@@ -10,9 +10,9 @@ ids ─embed_tokens→ x ─N × [x += attn(RMSNorm(x)); x += MoE(RMSNorm(x))]�
 
 from __future__ import annotations
 
-from nexttok.models import llama, moe
-from nexttok.models.architecture import Architecture
-from nexttok.models.config import ConfigError
+from nexttok.models import llama, moe, qwen3
+from nexttok.models.architecture import Architecture, GGUFLayout, GGUFMeta
+from nexttok.models.config import ConfigError, ModelConfig
 
 
 class Attention(llama.Attention):
@@ -37,4 +37,22 @@ def fields(hf: dict) -> dict:
     return {**out, **moe.fields(hf, inner=None), "o_proj_bias": out["attention_bias"]}
 
 
-ARCHITECTURES = (Architecture("olmoe", Olmoe, fields),)
+def gguf_config(meta: GGUFMeta) -> dict:
+    """llama.cpp's olmoe: the top-k weights never renormalised; feed_forward_length is each expert's."""
+    return {**llama.gguf_config(meta), **moe.gguf_config(meta), "norm_topk_prob": False}
+
+
+def gguf_metadata(config: ModelConfig) -> dict:
+    moe.representable(not config.norm_topk_prob, "norm_topk_prob true (llama.cpp's olmoe never renormalises)")
+    moe.representable(config.num_key_value_heads == config.num_attention_heads,
+                      "grouped-query heads in an olmoe file (its k_norm covers hidden_size values)")
+    moe.representable(not config.attention_bias and not config.tie_word_embeddings,
+                      "attention biases or tied embeddings in an olmoe file")
+    return {**llama.gguf_metadata(config), **moe.gguf_metadata(config)}
+
+
+ARCHITECTURES = (
+    Architecture("olmoe", Olmoe, fields, GGUFLayout(
+        "olmoe", gguf_config, {**llama.GGUF_TENSORS, **qwen3.QK_NORM_TENSORS, **moe.GGUF_TENSORS},
+        hf_class="OlmoeForCausalLM", metadata=gguf_metadata)),
+)

@@ -16,8 +16,8 @@ covers every layer where use_sliding_window; Qwen2-MoE follows layer_types.
 from __future__ import annotations
 
 from nexttok.models import llama, moe, qwen3
-from nexttok.models.architecture import Architecture
-from nexttok.models.config import sparse_layers
+from nexttok.models.architecture import Architecture, GGUFLayout, GGUFMeta
+from nexttok.models.config import ModelConfig, sparse_layers
 
 
 class Qwen3MoeLayer(qwen3.DecoderLayer):
@@ -64,7 +64,49 @@ def qwen2_moe_fields(hf: dict) -> dict:
             "shared_expert_gate": bool(hf.get("shared_expert_intermediate_size"))}
 
 
+def qwen3_moe_gguf_config(meta: GGUFMeta) -> dict:
+    """llama.cpp's qwen3moe: every layer sparse, the top-k weights always renormalised."""
+    return {**llama.gguf_config(meta), **moe.gguf_config(meta), "norm_topk_prob": True}
+
+
+def qwen3_moe_gguf_metadata(config: ModelConfig) -> dict:
+    _plain_layers(config, renormalised=True)
+    moe.representable(not config.o_proj_bias, "an attention output bias in a qwen3moe file")
+    return {**llama.gguf_metadata(config), **moe.gguf_metadata(config)}
+
+
+def qwen2_moe_gguf_config(meta: GGUFMeta) -> dict:
+    """llama.cpp's qwen2moe: every layer sparse, the top-k weights never renormalised, a gated shared expert."""
+    return {**llama.gguf_config(meta), **moe.gguf_config(meta), "norm_topk_prob": False,
+            "qkv_bias": "blk.0.attn_q.bias" in meta.tensor_names,
+            "shared_expert_intermediate_size": meta.key("expert_shared_feed_forward_length")}
+
+
+def qwen2_moe_gguf_metadata(config: ModelConfig) -> dict:
+    _plain_layers(config, renormalised=False)
+    moe.representable(not config.tie_word_embeddings, "tied embeddings in a qwen2moe file")
+    moe.representable(config.head_dim * config.num_attention_heads == config.hidden_size,
+                      "a head_dim other than hidden_size / heads in a qwen2moe file")
+    return {**llama.gguf_metadata(config), **moe.gguf_metadata(config),
+            "expert_shared_feed_forward_length": config.shared_expert_intermediate_size}
+
+
+def _plain_layers(config: ModelConfig, renormalised: bool) -> None:
+    """What llama.cpp's Qwen MoE graphs fix: every layer sparse, no window, renormalising or not."""
+    moe.representable(config.norm_topk_prob == renormalised,
+                      f"norm_topk_prob {config.norm_topk_prob} (llama.cpp fixes it at {renormalised} for this family)")
+    moe.representable(set(config.mlp_types) == {"sparse"}, "dense layers among the sparse ones (mlp_only_layers)")
+    moe.representable(config.sliding_window is None, "a sliding window")
+
+
+QWEN3_MOE_TENSORS = {**llama.GGUF_TENSORS, **qwen3.QK_NORM_TENSORS, **moe.GGUF_TENSORS}
+QWEN2_MOE_TENSORS = {**llama.GGUF_TENSORS, **moe.GGUF_TENSORS, **moe.SHARED_GGUF_TENSORS}
+
 ARCHITECTURES = (
-    Architecture("qwen3_moe", Qwen3Moe, qwen3_moe_fields),
-    Architecture("qwen2_moe", Qwen2Moe, qwen2_moe_fields),
+    Architecture("qwen3_moe", Qwen3Moe, qwen3_moe_fields,
+                 GGUFLayout("qwen3moe", qwen3_moe_gguf_config, QWEN3_MOE_TENSORS, hf_class="Qwen3MoeForCausalLM",
+                            metadata=qwen3_moe_gguf_metadata)),
+    Architecture("qwen2_moe", Qwen2Moe, qwen2_moe_fields,
+                 GGUFLayout("qwen2moe", qwen2_moe_gguf_config, QWEN2_MOE_TENSORS, hf_class="Qwen2MoeForCausalLM",
+                            metadata=qwen2_moe_gguf_metadata)),
 )

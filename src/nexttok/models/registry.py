@@ -31,8 +31,11 @@ from nexttok.models.config import ConfigError, ModelConfig, eos_token_ids, optio
 
 FAMILIES = (gpt2, llama, qwen3, phi3, gemma3, qwen_moe, mixtral, olmoe, gpt_oss, glm4_moe, granitemoe)
 ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for family in FAMILIES for a in family.ARCHITECTURES}
+# the first family of each GGUF architecture reads its files (llama's config function says "mixtral"
+# where a llama file has experts)
 GGUF_ARCHITECTURES: dict[str, Architecture] = {
-    a.gguf.arch: a for a in ARCHITECTURES.values() if a.gguf is not None}
+    arch: next(a for a in ARCHITECTURES.values() if a.gguf is not None and a.gguf.arch == arch)
+    for arch in dict.fromkeys(a.gguf.arch for a in ARCHITECTURES.values() if a.gguf is not None)}
 HINTS = {"gemma3": gemma3.MULTIMODAL}  # model_types that are not ours but close to one
 
 

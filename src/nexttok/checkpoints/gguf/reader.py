@@ -28,7 +28,7 @@ from nexttok.checkpoints.gguf.metadata import GGUFError, TensorEntry, read_metad
 from nexttok.checkpoints.gguf.tokenizer import LLAMA3_PATTERN as LLAMA3_PATTERN  # re-exported for tests
 from nexttok.checkpoints.gguf.tokenizer import QWEN2_PATTERN as QWEN2_PATTERN
 from nexttok.checkpoints.gguf.tokenizer import hf_tokenizer, vocabulary
-from nexttok.models.architecture import GGUFMeta
+from nexttok.models.architecture import GGUFLayout, GGUFMeta
 from nexttok.models.config import ConfigError
 from nexttok.models.registry import architecture, gguf_architecture
 
@@ -67,8 +67,11 @@ class GGUFFile:
         layout = architecture(self.config["model_type"]).gguf
         heads = {".q_proj.weight": self.config.get("num_attention_heads"),
                  ".k_proj.weight": self.config.get("num_key_value_heads")}
+        layers = self.config.get("num_hidden_layers", self.config.get("n_layer"))
         for entry in self.entries:
-            name, kind, raw = hf_tensor_name(entry.name, layout.arch), entry.kind, _raw(data, entry)
+            if _block(entry.name) >= layers:  # blocks past the model's (GLM's next-token prediction): unread
+                continue
+            name, kind, raw = _our_name(entry.name, layout), entry.kind, _raw(data, entry)
             place = (mapping, entry.offset)
             permuted = next((p for p in layout.permuted if name.endswith(p)), None)
             if permuted is not None:
@@ -159,13 +162,15 @@ def hf_config(meta: dict, tensor_names: set[str]) -> dict:
         entry = gguf_architecture(meta.get("general.architecture"))
         tokens = vocabulary(meta)
         common = {
-            "architectures": [entry.gguf.hf_class], "model_type": entry.model_type, "vocab_size": len(tokens),
+            "vocab_size": len(tokens),
             "tie_word_embeddings": "output.weight" not in tensor_names,
             "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
             "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
             "torch_dtype": "float32",
         }
-        return {**common, **entry.gguf.config(GGUFMeta(meta, frozenset(tensor_names), tokens))}
+        config = {**common, **entry.gguf.config(GGUFMeta(meta, frozenset(tensor_names), tokens))}
+        model_type = config.setdefault("model_type", entry.model_type)  # a family may say (llama's file of Mixtral)
+        return {"architectures": [architecture(model_type).gguf.hf_class], **config}
     except ConfigError as e:
         raise GGUFError(str(e)) from None
 
@@ -181,10 +186,22 @@ def hf_tensor_name(name: str, arch: str = "llama") -> str:
     """llama.cpp tensor name → ours (HF's, where our modules follow them), by the GGUF architecture's
     table: "blk.3.attn_q.weight" -> "model.layers.3.self_attn.q_proj.weight"; for "gpt2",
     "blk.3.attn_qkv.weight" -> "transformer.h.3.attn.c_attn.weight"."""
-    layout = gguf_architecture(arch).gguf
+    try:
+        return _our_name(name, gguf_architecture(arch).gguf)
+    except ConfigError as e:
+        raise GGUFError(str(e)) from None
+
+
+def _our_name(name: str, layout: GGUFLayout) -> str:
     if name in layout.tensors:
         return layout.tensors[name]
     parts = name.split(".", 2)
     if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in layout.tensors:
         return f"{layout.block}{parts[1]}.{layout.tensors[parts[2]]}"
     raise GGUFError(f"GGUF tensor {name!r} has no HF equivalent in nexttok's table")
+
+
+def _block(name: str) -> int:
+    """The block a tensor belongs to ("blk.3.attn_q.weight": 3), -1 for the model's own tensors."""
+    parts = name.split(".", 2)
+    return int(parts[1]) if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() else -1

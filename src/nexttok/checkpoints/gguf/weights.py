@@ -38,9 +38,10 @@ from nexttok.checkpoints.gguf.metadata import TensorEntry
 from nexttok.checkpoints.gguf.reader import GGUFFile, GGUFTensor
 from nexttok.checkpoints.weights import DTYPES, checkpoint_keys
 from nexttok.models import build_model, kernels
-from nexttok.models.block_quant import BlockEmbedding, BlockLinear, fits
+from nexttok.models.block_quant import BlockEmbedding, BlockExperts, BlockLinear, fits
 from nexttok.models.config import CheckpointError, ModelConfig
 from nexttok.models.fused import fused_parts
+from nexttok.models.moe import Experts
 from nexttok.models.quant import ACTIVATION, BITS, Int4Linear, Q8Embedding, int8_rows, quantized_linear
 
 FLOAT_KINDS = ("F32", "F16", "BF16")
@@ -58,6 +59,9 @@ def gguf_model(gguf: GGUFFile, config: ModelConfig, dtype: str | None, device: t
         embedding_kept = _keep_block_embedding(model, tensors, tied, isa)
     else:
         embedding_kept = as_shipped and _keep_q8_0_embedding(model, tensors, tied)
+    for name, module in list(model.named_modules()):
+        if isinstance(module, Experts):
+            model.set_submodule(name, _experts(model, tensors, name, module, isa, floats, device))
     for name, module in list(model.named_modules()):
         if isinstance(module, nn.Linear) and not (tied and name == "lm_head"):
             parts = [_take(model, tensors, f"{part}.weight") for part in fused_parts(name, module)]
@@ -174,7 +178,7 @@ def _tiled(parts: list[GGUFTensor], k: int) -> list[kernels.Tiled]:
             runs.append([p])
     tiled = []
     for run in runs:
-        rows = [np.asarray(p.raw).reshape(p.shape[0], -1) for p in run]
+        rows = [np.asarray(p.raw).reshape(math.prod(p.shape[:-1]), -1) for p in run]
         if len(run) == 1:  # repacked straight from the mapping, its pages given back chunk by chunk
             with warnings.catch_warnings():  # the mapping is read-only, and only ever read
                 warnings.simplefilter("ignore", UserWarning)
@@ -185,6 +189,37 @@ def _tiled(parts: list[GGUFTensor], k: int) -> list[kernels.Tiled]:
                 p.release()
         tiled.append(kernels.repack(run[0].kind, raw, k, done=done))
     return tiled
+
+
+def _experts(model: nn.Module, tensors: dict[str, GGUFTensor], name: str, module: Experts, isa: int | None,
+             floats: torch.dtype, device: torch.device) -> nn.Module:
+    """A mixture of experts' weights from the file's three 3-D tensors (ffn_gate_exps, ffn_up_exps,
+    ffn_down_exps: E experts' rows one after another): kept in their blocks (BlockExperts) where the
+    kernels run them, else dequantized into the float module's stacked parameters."""
+    e, inner, hidden = module.num_experts, module.inner, module.down_proj.shape[1]
+    parts = {p: _take(model, tensors, f"{name}.{p}.weight") for p in ("gate_proj", "up_proj", "down_proj")}
+    wants = {"gate_proj": (e, inner, hidden), "up_proj": (e, inner, hidden), "down_proj": (e, hidden, inner)}
+    for p, want in wants.items():
+        if parts[p].shape != want:
+            raise CheckpointError(f"GGUF tensor {parts[p].name!r} has shape {parts[p].shape}, expected {want}")
+    biases = None
+    if module.gate_up_proj_bias is not None:
+        biases = [_dense(_take(model, tensors, f"{name}.{p}.bias"), torch.float32, device)
+                  for p in ("gate_proj", "up_proj", "down_proj")]
+    gate_up_bias, down_bias = (None, None) if biases is None else (torch.cat(biases[:2], dim=1), biases[2])
+    blocks = isa is not None and all(fits(t.kind, t.shape[-1]) for t in parts.values()) and inner % kernels.TILE == 0 \
+        and hidden % kernels.TILE == 0
+    if blocks:
+        gate_up = [_tiled([parts[p]], hidden)[0] for p in ("gate_proj", "up_proj")]  # each expert's rows in place
+        (down,) = _tiled([parts["down_proj"]], inner)
+        return BlockExperts(gate_up, [down], e, isa, module.act, gate_up_bias, down_bias)
+    module.gate_up_proj = nn.Parameter(torch.cat([_dense(parts[p], floats, device) for p in ("gate_proj", "up_proj")],
+                                                 dim=1), requires_grad=False)  # (E, 2 inner, hidden)
+    module.down_proj = nn.Parameter(_dense(parts["down_proj"], floats, device), requires_grad=False)
+    if biases is not None:
+        module.gate_up_proj_bias = nn.Parameter(gate_up_bias.to(floats), requires_grad=False)
+        module.down_proj_bias = nn.Parameter(down_bias.to(floats), requires_grad=False)
+    return module
 
 
 def _take(model: nn.Module, tensors: dict[str, GGUFTensor], name: str) -> GGUFTensor:
@@ -225,12 +260,13 @@ def _dense(tensor: GGUFTensor, dtype: torch.dtype, device: torch.device, rows: i
     embedding never exists as a whole in float32)."""
     if len(tensor.shape) == 1:
         return torch.from_numpy(np.array(tensor.dequantize())).to(device, dtype)
-    out = torch.empty(tensor.shape, dtype=dtype, device=device)
-    for start in range(0, tensor.shape[0], rows):
-        part = dataclasses.replace(tensor, shape=(min(rows, tensor.shape[0] - start), *tensor.shape[1:]),
-                                   raw=tensor.raw[start : start + rows])
+    n, k = math.prod(tensor.shape[:-1]), tensor.shape[-1]  # a 3-D tensor (experts) as its rows
+    raw = tensor.raw.reshape(n, -1)
+    out = torch.empty((n, k), dtype=dtype, device=device)
+    for start in range(0, n, rows):
+        part = dataclasses.replace(tensor, shape=(min(rows, n - start), k), raw=raw[start : start + rows])
         out[start : start + rows] = torch.from_numpy(np.array(part.dequantize()))
-    return out
+    return out.view(tensor.shape)
 
 
 def _check_rows(name: str, parts: list[GGUFTensor], module: nn.Linear) -> None:

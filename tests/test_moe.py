@@ -1,0 +1,198 @@
+"""Mixtures of experts past what tests/test_models.py checks for every SPECS entry (HF's logits at
+every cached step, padded batches, attention): the block kernel that multiplies each row by its
+routed expert only, block experts against float experts, the router's choice as a capture records
+it against HF's router logits, attention sinks on the decode kernel, and the one-line refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nexttok.checkpoints.loading import load_model
+from nexttok.models import kernels
+from nexttok.models.attention import ALL, AttentionCapture, attend
+from nexttok.models.block_quant import BlockExperts
+from nexttok.models.compiled import CompileUnavailable, compile_decode
+from nexttok.models.config import ConfigError
+from nexttok.models.moe import Experts, Routing
+from nexttok.models.registry import from_hf_config
+from nexttok.parallel.layers import check_world
+from test_kernels import ISAS, quantized, random_blocks, reference
+from tiny_models import MOE, VOCAB, write_tiny
+
+needs_kernels = pytest.mark.skipif(not kernels.available(), reason="no C++ compiler: the kernels are not built")
+
+
+def _experts(kind: str, e: int, rows: int, k: int, seed: int) -> tuple[kernels.Tiled, torch.Tensor]:
+    """E experts of `rows` rows each, stacked as a GGUF 3-D tensor's rows: tiled, and their values."""
+    raw = random_blocks(kind, e * rows, k, seed=seed)
+    return kernels.repack(kind, torch.from_numpy(raw), k), reference(kind, raw).view(e, rows, k)
+
+
+@needs_kernels
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("kinds", [("Q8_0", "Q8_0"), ("Q4_K", "Q6_K"), ("Q4_0", "Q5_1")])
+def test_moe_linear_multiplies_each_row_by_its_expert_only(isa, kinds):
+    """Row r = q(x[src[r]]) · W_{expert[r]}ᵀ over two parts of mixed types, for routings with unused
+    experts, one expert taken by every row, and a row per expert; an expert no row takes may hold
+    anything (its tiles are not read: here, NaN)."""
+    e, k = 6, 512
+    (a, wa), (b, wb) = _experts(kinds[0], e, 16, k, 1), _experts(kinds[1], e, 24, k, 2)
+    a.tiles.view(e, -1)[5] = 0xFF  # expert 5's tiles: f16 scales of all ones bits are NaN
+    x = torch.randn(5, k, generator=torch.Generator().manual_seed(3))
+    for experts, src in ([[2, 0, 2, 4, 1], [0, 1, 2, 3, 4]], [[3] * 5, [4, 3, 2, 1, 0]], [[0, 1, 2, 3, 4, 0], [0] * 6]):
+        experts, src = torch.tensor(experts), torch.tensor(src)
+        y = kernels.moe_linear(x, experts, src, [a.tiles, b.tiles], [a.type_id, b.type_id], [16, 24], e, isa)
+        w = torch.cat((wa, wb), dim=1).double()[experts]  # (R, 40, k)
+        xq = quantized(x)[src]  # (R, k)
+        exact = torch.einsum("rk,rnk->rn", xq, w)
+        scale = torch.einsum("rk,rnk->rn", x[src].abs().double(), w.abs()).max()
+        assert y.shape == (len(experts), 40) and (y.double() - exact).abs().max() <= 1e-5 * scale
+
+
+@needs_kernels
+def test_moe_linear_errors_are_one_line():
+    a, _ = _experts("Q8_0", 2, 8, 64, 0)
+    x = torch.randn(1, 64)
+    for experts, message in (([2], "expert 2 or source row 0 out of range"), ([-1], "expert -1")):
+        with pytest.raises(RuntimeError, match=message) as error:
+            kernels.moe_linear(x, torch.tensor(experts), torch.tensor([0]), [a.tiles], [a.type_id], [8], 2, 0)
+        assert "\n" not in str(error.value).split("\n\n")[0]
+    with pytest.raises(RuntimeError, match="must be whole tiles of 8"):
+        b, _ = _experts("Q8_0", 2, 6, 64, 0)
+        kernels.moe_linear(x, torch.tensor([0]), torch.tensor([0]), [b.tiles], [b.type_id], [6], 2, 0)
+
+
+@needs_kernels
+@pytest.mark.parametrize("isa", ISAS)
+def test_block_experts_equal_float_experts_over_the_same_values(isa):
+    """BlockExperts (the file's blocks) against moe.Experts holding the blocks' values: the same sums
+    up to the 8-bit activations, which the reference applies too, per product."""
+    e, hidden, inner, n, top = 4, 256, 256, 7, 2
+    gate, wg = _experts("Q8_0", e, inner, hidden, 5)
+    up, wu = _experts("Q4_K", e, inner, hidden, 6)
+    down, wd = _experts("Q6_K", e, hidden, inner, 7)
+    block = BlockExperts([gate, up], [down], e, isa, _swiglu)
+    x = torch.randn(n, hidden, generator=torch.Generator().manual_seed(8))
+    ids = torch.stack([torch.randperm(e, generator=torch.Generator().manual_seed(i))[:top] for i in range(n)])
+    routing = Routing(ids, torch.rand(n, top), torch.rand(n, e))
+    got = block(x, routing)
+    expected = torch.zeros(n, hidden, dtype=torch.float64)
+    for t in range(n):
+        for j in range(top):
+            g = ids[t, j]
+            h = quantized(x[t : t + 1]) @ torch.cat((wg[g], wu[g])).double().T  # (1, 2 inner)
+            act = _swiglu(h.float())
+            expected[t] += routing.weights[t, j].double() * (quantized(act) @ wd[g].double().T)[0]
+    assert (got.double() - expected).abs().max() <= 1e-4 * expected.abs().max()
+    gu, dn = block.expert_values(2)
+    assert torch.equal(gu, torch.cat((wg[2], wu[2]))) and torch.equal(dn, wd[2])
+
+
+def _swiglu(h: torch.Tensor) -> torch.Tensor:
+    gate, up = h.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+@needs_kernels
+def test_decode_kernel_takes_attention_sinks():
+    """The decode kernel's softmax with a sink per head equals the written-out one (what prefill and
+    HF transformers compute), over cache views of several lengths and grouped heads."""
+    sinks = torch.tensor([0.5, -1.0, 3.0, 0.0])
+    q = torch.randn(2, 4, 1, 16)
+    for length in (1, 7, 40):
+        k, v = torch.randn(2, 2, length, 16), torch.randn(2, 2, length, 16)
+        got = kernels.attend(q, k, v, sinks)
+        kh, vh = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+        scores = q @ kh.transpose(-1, -2) / 4.0
+        logits = torch.cat((scores, sinks.view(1, 4, 1, 1).expand(2, 4, 1, 1)), dim=-1)
+        expected = torch.softmax(logits, dim=-1)[..., :-1] @ vh
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+        torch.testing.assert_close(attend(q, k, v, ALL, sinks=sinks), expected, atol=1e-5, rtol=0)
+        torch.testing.assert_close(kernels.attend(q, k, v), F.scaled_dot_product_attention(q, kh, vh), atol=1e-5, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    made = {}
+
+    def get(name):
+        if name not in made:
+            directory = tmp_path_factory.mktemp(name)
+            made[name] = (write_tiny(name, directory), load_model(directory), directory)
+        return made[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", MOE)
+@torch.inference_mode()
+def test_capture_records_the_routers_choice_as_hf(pairs, name):
+    """capture.experts[layer]: every position's k experts, their weights and every expert's score,
+    from the same router logits as HF's (output_router_logits), chosen by the family's rule."""
+    hf, ours, _ = pairs(name)
+    ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(4))
+    capture = AttentionCapture()
+    ours(ids, capture=capture)
+    sparse = [i for i, kind in enumerate(ours.config.mlp_types) if kind == "sparse"]
+    assert sorted(capture.experts) == sparse
+    ref = hf(ids, output_router_logits=True).router_logits
+    ref = [r for r in ref if r is not None] if isinstance(ref, (list, tuple)) else [ref]
+    k = ours.config.num_experts_per_tok
+    for layer, logits in zip(sparse, ref, strict=True):
+        chosen, weights, probs = capture.experts[layer]
+        assert chosen.shape == weights.shape == (1, 12, k) and probs.shape == (1, 12, ours.config.num_experts)
+        logits = logits.view(1, 12, -1).float()
+        scores = logits.sigmoid() if ours.config.router == "sigmoid" else torch.softmax(logits, dim=-1)
+        torch.testing.assert_close(probs, scores, atol=1e-5, rtol=0)
+        if ours.config.router != "sigmoid":  # the sigmoid router chooses by biased scores within groups
+            assert torch.equal(chosen.sort(-1).values, logits.topk(k, dim=-1).indices.sort(-1).values)
+        if ours.config.norm_topk_prob or ours.config.router == "topk_softmax":
+            total = ours.config.routed_scaling_factor
+            torch.testing.assert_close(weights.sum(-1), torch.full((1, 12), total), atol=1e-5, rtol=0)
+
+
+def test_moe_refuses_compile_and_tensor_parallelism_in_one_line(pairs):
+    _, ours, _ = pairs("qwen3_moe")
+    with pytest.raises(CompileUnavailable, match=r"mixture-of-experts layers \(qwen3_moe\) choose their weights"):
+        compile_decode(ours)
+    with pytest.raises(ValueError, match=r"--tensor-parallel 2: mixture-of-experts layers \(qwen3_moe\) are not split"):
+        check_world(ours.config, 2)
+    check_world(ours.config, 1)
+
+
+MOE_BASE = {"model_type": "qwen3_moe", "vocab_size": 128, "hidden_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96, "num_experts": 8,
+            "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"num_experts_per_tok": 9}, r"num_experts_per_tok \(9\) must be an integer in 1..num_experts \(8\)"),
+    ({"num_experts_per_tok": 0}, r"num_experts_per_tok \(0\) must be"),
+    ({"num_experts": None}, "num_experts must be a positive integer, got None"),
+    ({"moe_intermediate_size": -1}, "moe_intermediate_size must be a positive integer, got -1"),
+    ({"decoder_sparse_step": 0}, "decoder_sparse_step must be a positive integer, got 0"),
+    ({"mlp_only_layers": "1"}, "mlp_only_layers must be a list of layer indices"),
+    ({"model_type": "glm4_moe", "n_routed_experts": 8, "n_group": 3}, r"n_group \(3\) must divide the 8 experts"),
+    ({"model_type": "glm4_moe", "n_routed_experts": 8, "n_group": 4, "topk_group": 1, "num_experts_per_tok": 3},
+     r"num_experts_per_tok \(3\) exceeds the experts of the topk_group \(1\) groups eligible \(2\)"),
+    ({"model_type": "olmoe", "clip_qkv": 8.0}, r"OLMoE's clip_qkv \(8.0\) is not supported"),
+    ({"model_type": "granitemoe", "num_local_experts": 8, "logits_scaling": 0}, "logits_scaling must be a positive"),
+    ({"model_type": "gpt_oss", "num_local_experts": 8, "swiglu_limit": float("inf")}, "swiglu_limit must be a positive"),
+    ({"model_type": "deepseek_v3"}, r"model_type 'deepseek_v3' is not supported \(supported: gpt2, llama, .*qwen3_moe"),
+])
+def test_bad_moe_configs_say_what_in_one_line(changes, message):
+    with pytest.raises(ConfigError, match=message) as error:
+        from_hf_config({**MOE_BASE, **changes})
+    assert "\n" not in str(error.value)
+
+
+def test_experts_are_stacked_from_per_expert_tensors_in_order():
+    """The loader's contract with moe.Experts: parts listed expert by expert, gate before up."""
+    config = from_hf_config(MOE_BASE)
+    with torch.device("meta"):
+        experts = Experts(config)
+    parts = experts.checkpoint_parts("gate_up_proj")
+    assert parts[:3] == [("0.gate_proj.weight", (32, 64)), ("0.up_proj.weight", (32, 64)), ("1.gate_proj.weight", (32, 64))]
+    assert len(parts) == 16 and experts.checkpoint_parts("down_proj")[7] == ("7.down_proj.weight", (64, 32))

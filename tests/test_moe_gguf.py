@@ -1,0 +1,122 @@
+"""Every mixture-of-experts family written as a GGUF by our exporter (checkpoints/export.py: llama.cpp's
+tensor names and metadata, types the gguf package writes) and read back by our GGUF loader: float32
+files give HF transformers' logits at every cached step and in a padded batch; Q8_0 files run their
+experts on the block kernels (BlockExperts), hold about the file's bytes, and agree with the same
+file dequantized; what llama.cpp's format cannot hold is refused in one line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gguf import GGUFReader
+
+from nexttok.checkpoints.export import write_gguf
+from nexttok.checkpoints.gguf.metadata import GGUFError
+from nexttok.checkpoints.loading import load_checkpoint, load_model
+from nexttok.checkpoints.weights import weight_bytes
+from nexttok.models import kernels
+from nexttok.models.block_quant import BlockExperts
+from nexttok.models.cache import KVCache
+from nexttok.models.moe import Experts
+from tiny_models import GGUF_MOE, VOCAB, write_tiny, write_tiny_tokenizer
+
+ATOL = 1e-4
+ARCHS = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "llama", "olmoe": "olmoe",
+         "gpt_oss": "gpt-oss", "glm4_moe": "glm4moe", "granitemoe": "granitemoe"}
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    """name -> (HF model, directory, {kind: .gguf path}), written once for the module."""
+    made = {}
+
+    def get(name, kind="F32"):
+        if name not in made:
+            directory = tmp_path_factory.mktemp(name)
+            hf = write_tiny(name, directory)
+            write_tiny_tokenizer(directory)
+            made[name] = (hf, directory, {})
+        hf, directory, files = made[name]
+        if kind not in files:
+            files[kind] = write_gguf(directory, directory / f"model-{kind}.gguf", kind)
+        return hf, files[kind]
+
+    return get
+
+
+def _ids(n: int, seed: int = 1, batch: int = 1) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (batch, n), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("name", GGUF_MOE)
+@torch.inference_mode()
+def test_float_gguf_gives_hfs_logits_at_every_step_and_in_a_padded_batch(written, name):
+    hf, path = written(name)
+    assert GGUFReader(str(path)).fields["general.architecture"].contents() == ARCHS[name]
+    ours = load_model(path)
+    assert ours.config.model_type == name
+    ids = _ids(20, seed=2)
+    expected = hf(ids).logits
+    cache = KVCache.for_model(ours.config, max_len=24)
+    torch.testing.assert_close(ours(ids[:, :8], cache), expected[:, :8], atol=ATOL, rtol=0)
+    for t in range(8, 20):
+        torch.testing.assert_close(ours(ids[:, t : t + 1], cache)[:, 0], expected[:, t], atol=ATOL, rtol=0)
+    short, long = _ids(9, seed=3)[0], _ids(14, seed=4)[0]
+    batch = torch.zeros(2, 14, dtype=torch.long)
+    positions = torch.full((2, 14), -1)
+    batch[0, 5:], positions[0, 5:] = short, torch.arange(9)  # left padding
+    batch[1], positions[1] = long, torch.arange(14)
+    got = ours(batch, KVCache.for_model(ours.config, batch=2, max_len=14), positions)
+    torch.testing.assert_close(got[0, 5:], hf(short[None]).logits[0], atol=ATOL, rtol=0)
+    torch.testing.assert_close(got[1], hf(long[None]).logits[0], atol=ATOL, rtol=0)
+
+
+@pytest.mark.skipif(not kernels.available(), reason="no C++ compiler: the kernels are not built")
+@pytest.mark.parametrize("name", GGUF_MOE)
+@torch.inference_mode()
+def test_q8_0_gguf_runs_its_experts_in_blocks(written, name):
+    """As shipped, the experts stay Q8_0 (BlockExperts, the file's bytes); the model agrees with the
+    same file dequantized (float experts) up to the kernels' 8-bit activations, and with HF up to
+    the file's 8-bit weights. The bounds are on the mean and on the distributions' KL divergence (a
+    near tie between two experts' scores may go the other way at a position; and these random
+    models' distributions are near uniform, so which token is top is a coin toss). Measured: mean
+    error 0.2-0.8% of the largest logit, KL 1e-6..3e-4 nats."""
+    hf, path = written(name, "Q8_0")
+    shipped, dequantized = load_model(path), load_model(path, dtype="float32")
+    experts = [m for m in shipped.modules() if isinstance(m, BlockExperts)]
+    assert len(experts) == shipped.config.mlp_types.count("sparse") and experts[0].gate_up.kinds == ["Q8_0", "Q8_0"]
+    assert not any(isinstance(m, Experts) for m in shipped.modules())
+    assert weight_bytes(shipped) <= 1.1 * path.stat().st_size
+    ids = _ids(16, seed=5)
+    got, ref, expected = shipped(ids), dequantized(ids), hf(ids).logits
+    scale = expected.abs().max()
+    for other in (ref, expected):
+        assert (got - other).abs().mean() <= 0.015 * scale
+        kl = torch.nn.functional.kl_div(got.log_softmax(-1), other.log_softmax(-1), log_target=True, reduction="none")
+        assert kl.sum(-1).mean() <= 1e-3
+
+
+@torch.inference_mode()
+def test_a_checkpoint_round_trips_through_gguf_and_back(written, tmp_path):
+    """load_checkpoint on the GGUF: tokenizer and config from the file's metadata, as the directory's."""
+    _, path = written("glm4_moe")
+    checkpoint = load_checkpoint(path)
+    assert checkpoint.tokenizer.encode("Hi!") == [ord("H"), ord("i"), ord("!")]
+    config = checkpoint.model.config
+    assert (config.router, config.n_group, config.topk_group, config.mlp_types[0]) == ("sigmoid", 4, 2, "dense")
+    assert config.routed_scaling_factor == 2.5 and config.norm_topk_prob and config.partial_rotary_factor == 0.5
+
+
+@pytest.mark.parametrize(("name", "changes", "message"), [
+    ("qwen3_moe_unnormed", {}, "llama.cpp's GGUF cannot hold norm_topk_prob False"),
+    ("gpt_oss_untruncated", {}, None),  # written (llama.cpp rounds YaRN's range, as its converter does)
+])
+def test_what_gguf_cannot_hold_is_refused_in_one_line(tmp_path, name, changes, message):
+    write_tiny(name, tmp_path)
+    write_tiny_tokenizer(tmp_path)
+    if message is None:
+        write_gguf(tmp_path, tmp_path / "m.gguf")
+        return
+    with pytest.raises(GGUFError, match=message) as error:
+        write_gguf(tmp_path, tmp_path / "m.gguf")
+    assert "\n" not in str(error.value)
