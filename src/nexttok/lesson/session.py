@@ -4,8 +4,8 @@ The page (and anything else) asks for one step; the session runs the model on wh
 the chosen path the KV cache does not hold yet (the whole prompt the first time, one token after
 that), samples with the dials it is given, and returns the Step record plus what a viewer shows:
 the model's top tokens with their probabilities before and after the sampler chain, the attention
-of the last position, and the timings. `redraw` re-runs the chain on a node's cached logits with
-other dials (no model call).
+of the last position (and in a mixture of experts the router's choice there), and the timings.
+`redraw` re-runs the chain on a node's cached logits with other dials (no model call).
 Any node of the tree can be continued with any token (a branch); the cache keeps the longest
 prefix it shares with the new path and recomputes only the rest.
 
@@ -27,6 +27,7 @@ from nexttok.errors import InvalidParameter
 from nexttok.generation.loop import Step, build_step, context_window, prompt_ids_for
 from nexttok.generation.sampling import Sample, SamplerChain, SamplingParams, Uniforms
 from nexttok.lesson import sections as lesson
+from nexttok.lesson.experts import LayerRouting, routing_at
 from nexttok.models import Model
 from nexttok.models.attention import AttentionCapture
 from nexttok.models.cache import KVCache
@@ -80,6 +81,7 @@ class Forward:
     seconds: float
     prefill: bool
     cached: bool = True  # the KV cache was used (False: the whole sequence went through the model again)
+    experts: list[LayerRouting] = field(default_factory=list)  # per sparse layer: the router at the last position
 
 
 class ExplainSession:
@@ -166,7 +168,8 @@ class ExplainSession:
             logits = self.model(pending, self.cache, capture=capture, last_only=True)[0, -1].float()
         seconds = time.perf_counter() - start
         self.cached = tokens
-        return Forward(logits, [a[0] for a in capture.last_query], len(tokens) - shared, seconds, shared == 0)
+        return Forward(logits, [a[0] for a in capture.last_query], len(tokens) - shared, seconds, shared == 0,
+                       experts=routing_at(capture.experts))
 
     def _uncached(self, tokens: list[int]) -> Forward:
         ids = torch.tensor([tokens], device=self.cache.k.device)
@@ -175,7 +178,8 @@ class ExplainSession:
         with torch.inference_mode():
             logits = self.model(ids, None, capture=capture, last_only=True)[0, -1].float()
         seconds = time.perf_counter() - start
-        return Forward(logits, [a[0] for a in capture.last_query], len(tokens), seconds, False, cached=False)
+        return Forward(logits, [a[0] for a in capture.last_query], len(tokens), seconds, False, cached=False,
+                       experts=routing_at(capture.experts))
 
     def inspect(self, node_id: int) -> lesson.Inspection:
         """The full capture of the path to node_id (lens, attention matrices, q/k/v): one extra
@@ -218,6 +222,8 @@ class ExplainSession:
             **self._table(forward, sampled, top_n),
             "attention": [layer.tolist() for layer in forward.attention],  # per layer (n_head, S)
             "attention_mean": [layer.mean(0).tolist() for layer in forward.attention],  # per layer (S,)
+            # per sparse layer, the router's choice for the token predicted from; None: a dense model
+            "experts": [r.as_json() for r in forward.experts] if self.model.config.is_moe else None,
             "timing": {"tokens": forward.tokens, "seconds": forward.seconds, "prefill": forward.prefill,
                        "cached": forward.cached},
             "stop": {"ids": self.stop_ids, "p": lesson.stop_probability(self.model, forward.logits, self.stop_ids),
