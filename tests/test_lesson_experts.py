@@ -1,12 +1,16 @@
 """The lesson's mixture of experts (nexttok.lesson.experts), against HF transformers on the same tiny
 random checkpoints: a session step's routing is HF's router at the position the step predicts from
 (every expert's score from HF's router logits, the chosen experts and their weights from HF's router
-modules themselves), and the parameter counts are the HF model's own parameters, part by part."""
+modules themselves), and the parameter counts are the HF model's own parameters, part by part. The
+explainer's routes send the library's values rounded for display, and nothing for a dense model."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from pathlib import Path
 
+import httpx
 import pytest
 import torch
 
@@ -20,6 +24,13 @@ PROMPT = "the router picks"
 FAMILIES = [*GGUF_MOE, "qwen3_moe_unnormed"]  # one per family, and one with a dense layer among the sparse
 
 
+def write_moe_checkpoint(name: str, directory: Path):
+    """A tiny random MoE checkpoint with a byte-level tokenizer, loadable as a whole; its HF model."""
+    hf = write_tiny(name, directory)
+    write_tiny_tokenizer(directory)
+    return hf
+
+
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     """name -> (the HF model, our Checkpoint of the same files), written once per module."""
@@ -28,9 +39,7 @@ def checkpoints(tmp_path_factory):
     def get(name: str):
         if name not in made:
             directory = tmp_path_factory.mktemp(name)
-            hf = write_tiny(name, directory)
-            write_tiny_tokenizer(directory)
-            made[name] = hf, load_checkpoint(directory)
+            made[name] = write_moe_checkpoint(name, directory), load_checkpoint(directory)
         return made[name]
 
     return get
@@ -138,3 +147,57 @@ def test_a_dense_model_has_no_router(tmp_path):
     session = ExplainSession(checkpoint.model, checkpoint.tokenizer, PROMPT, seed=0)
     assert session.step(SamplingParams(temperature=0))["experts"] is None
     assert expert_facts(checkpoint.model) is None
+
+
+@pytest.fixture(scope="module")
+def moe_live(tmp_path_factory):
+    """A live server over two tiny MoE checkpoints: qwen3_moe (softmax router, every layer sparse)
+    and glm4_moe (sigmoid router in groups, a dense first layer, a shared expert)."""
+    from live_server import LiveServer
+    from nexttok.server import create_app, load_served
+
+    served = []
+    for name in ("qwen3_moe", "glm4_moe"):
+        directory = tmp_path_factory.mktemp(f"served_{name}")
+        write_moe_checkpoint(name, directory)
+        served.append(load_served(str(directory), name))
+    with LiveServer(create_app(served)) as server:
+        yield server, {s.name: s for s in served}
+
+
+def _post(server, path: str, body: dict) -> dict:
+    response = httpx.post(server.url + path, json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+@pytest.mark.parametrize("name", ["qwen3_moe", "glm4_moe"])
+def test_the_routes_send_the_librarys_routing_and_facts_rounded(moe_live, name):
+    """The session's model facts are expert_facts' (5 significant digits); each step's experts are
+    the library session's routing at the same step, weights and scores rounded to 4 places."""
+    server, served = moe_live
+    model = served[name].model
+    started = _post(server, "/explain/sessions", {"prompt": PROMPT, "model": name, "seed": 1})
+    facts = dataclasses.asdict(expert_facts(model))
+    shown = started["model"]["moe"]
+    assert shown.keys() == facts.keys()
+    for field, value in facts.items():
+        assert shown[field] == (pytest.approx(value, rel=1e-5) if isinstance(value, float) else value), field
+    library = ExplainSession(model, served[name].tokenizer, PROMPT, seed=1)
+    key = started["session"]
+    for _ in range(3):  # the prefill, then decode steps through the cache
+        view = _post(server, f"/explain/sessions/{key}/step", {"temperature": 0})
+        expected = library.step(SamplingParams(temperature=0))
+        assert view["step"]["token_id"] == expected["step"].token_id
+        assert view["experts"] == [{"layer": r["layer"], "ids": r["ids"], "weights": [round(w, 4) for w in r["weights"]],
+                                    "probs": [round(p, 4) for p in r["probs"]]} for r in expected["experts"]]
+        assert len(view["experts"]) == model.config.mlp_types.count("sparse")
+
+
+def test_a_dense_models_routes_carry_no_experts(tiny_live):
+    """The dense test model: model.moe and each step's experts are null."""
+    server, _ = tiny_live
+    started = _post(server, "/explain/sessions", {"prompt": PROMPT})
+    assert "moe" in started["model"] and started["model"]["moe"] is None
+    view = _post(server, f"/explain/sessions/{started['session']}/step", {"temperature": 0})
+    assert "experts" in view and view["experts"] is None

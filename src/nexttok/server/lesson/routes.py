@@ -2,10 +2,14 @@
 
 GET /explain/parameters            -> each dial's range, default and meaning; the default order
 GET /explain/vocab?model=          -> the display text of every token id (once per page load: an ETag)
-POST /explain/sessions             {prompt, model?, seed?}  -> prompt tokens, model facts, session id
+POST /explain/sessions             {prompt, model?, seed?}  -> prompt tokens, model facts, session id;
+                                      model.moe: a mixture of experts' parameters per token, total vs
+                                      active (lesson.experts.ExpertFacts; null for a dense model)
 POST /explain/sessions/{id}/step   {dials, node?, token_id?, top_n?}
                                    -> the Step record, rows, attention (and its mean over the heads),
-                                      timing, the tree
+                                      experts (per sparse layer, the router at the position the step
+                                      predicts from: {layer, ids, weights, probs}; null for a dense
+                                      model), timing, the tree
 POST /explain/sessions/{id}/redraw {dials, node, top_n?}
                                    -> the Step the same u gives under these dials, rows (no new node)
 POST /explain/sessions/{id}/goto   {node}  -> makes a node of the tree current
@@ -37,10 +41,11 @@ from pydantic import Field
 from nexttok.generation.parameters import DIALS, PARAMETERS
 from nexttok.generation.sampling import DEFAULT_ORDER, STAGE_NAMES, SamplingParams
 from nexttok.lesson import sections as lesson
+from nexttok.lesson.experts import expert_facts
 from nexttok.lesson.session import ExplainSession
 from nexttok.server.engine import ServedModel
 from nexttok.server.errors import APIError
-from nexttok.server.lesson.sections import install_lesson
+from nexttok.server.lesson.sections import install_lesson, round5
 from nexttok.server.schemas import Strict, bounded
 
 STATIC = Path(__file__).parent / "static"
@@ -184,7 +189,8 @@ def install_explainer(app: FastAPI, served_for: ServedFor) -> None:
         key = explainer.add(served, session)
         config = served.model.config
         facts = {"name": served.name, "layers": config.num_hidden_layers, "heads": config.num_attention_heads,
-                 "vocab_size": config.vocab_size, "context": session.cache.max_len}
+                 "vocab_size": config.vocab_size, "context": session.cache.max_len,
+                 "moe": _moe_facts(served.model)}
         return {"session": key, "model": facts, "prompt": _chips(served.tokenizer, session.prompt_ids),
                 "tree": session.tree()}
 
@@ -230,6 +236,9 @@ def _install_step_routes(app: FastAPI, explainer: Explainer) -> None:
         path = session.path(view["child"])
         view["attention"] = [[_rounded(head) for head in layer] for layer in view["attention"]]
         view["attention_mean"] = [_rounded(layer) for layer in view["attention_mean"]]
+        if view["experts"] is not None:
+            view["experts"] = [{**r, "weights": _rounded(r["weights"]), "probs": _rounded(r["probs"])}
+                               for r in view["experts"]]
         return {**view, "tree": session.tree(),
                 "current": session.current,
                 "generated": _chips(opened.served.tokenizer, path), "text": session.text(view["child"])}
@@ -270,8 +279,14 @@ def etag_matches(if_none_match: str | None, etag: str) -> bool:
 
 
 def _rounded(weights: list[float]) -> list[float]:
-    """Attention weights as the page shows them: 4 places (a tenth of the JSON a float takes)."""
+    """Attention and router weights as the page shows them: 4 places (a tenth of the JSON a float takes)."""
     return [round(w, 4) for w in weights]
+
+
+def _moe_facts(model) -> dict | None:
+    """A mixture of experts' parameters per token, total vs active, for the page (None: dense)."""
+    facts = expert_facts(model)
+    return None if facts is None else round5(dataclasses.asdict(facts))
 
 
 def _chips(tokenizer, ids: list[int]) -> list[dict]:
