@@ -85,7 +85,7 @@ def test_a_steps_routing_is_hfs_router(checkpoints, name):
     """Each step (the prefill, decode steps through the KV cache, one without it) carries, per sparse
     layer, the router's choice at the position it predicts from: HF's ids, weights and scores there."""
     hf, checkpoint = checkpoints(name)
-    config = checkpoint.model.config
+    config, renormalised = checkpoint.model.config, expert_facts(checkpoint.model).renormalised
     session = ExplainSession(checkpoint.model, checkpoint.tokenizer, PROMPT, seed=0)
     for use_cache in (True, True, True, False):
         view = session.step(SamplingParams(temperature=0), use_cache=use_cache)
@@ -99,6 +99,8 @@ def test_a_steps_routing_is_hfs_router(checkpoints, name):
             shown, expected = _by_id(got["ids"], got["weights"]), _by_id(want["ids"], want["weights"])
             assert [i for i, _ in shown] == [i for i, _ in expected], (name, got["layer"])
             assert [w for _, w in shown] == pytest.approx([w for _, w in expected], abs=1e-5)
+            if config.router == "softmax":  # the facts say whether HF's weights add up to 1
+                assert (abs(float(want["weights"].sum()) - 1) < 1e-5) == renormalised
             if config.router != "sigmoid":  # the chosen are the k best scores (the sigmoid router: within groups)
                 best = torch.tensor(got["probs"]).topk(config.num_experts_per_tok).indices
                 assert sorted(got["ids"]) == sorted(best.tolist())

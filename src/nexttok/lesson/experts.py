@@ -40,6 +40,8 @@ class ExpertFacts:
     """A mixture-of-experts model's MLP parameters per token (weights and biases, counted from the
     config): each part over all layers, and `active` (what one token reads) beside `total`.
 
+    router: config.router's rule (models/moe.py), renormalised: the k weights rescaled to add up to 1
+    (norm_topk_prob; the sigmoid router then also scales them by routed_scaling_factor).
     routed: the E experts of every sparse layer (a token reads k of them: routed_active);
     router: every sparse layer's router (always read); shared: always-on shared experts (and their
     gates); dense: the MLPs of the layers without experts. expert_bytes: the routed experts'
@@ -51,6 +53,7 @@ class ExpertFacts:
     sparse_layers: int
     dense_layers: int
     router: str
+    renormalised: bool
     per_expert: int
     routed: int
     routed_active: int
@@ -93,8 +96,10 @@ def expert_facts(model: Model) -> ExpertFacts | None:
     routed, active = sparse * e * per_expert, sparse * k * per_expert
     always = router + shared + dense_mlp
     stored = _expert_bytes(model)
-    return ExpertFacts(e, k, sparse, dense, config.router, per_expert, routed, active, router, shared, dense_mlp,
-                       routed + always, active + always, k / e, stored, stored * k // e)
+    return ExpertFacts(experts=e, experts_per_token=k, sparse_layers=sparse, dense_layers=dense, router=config.router,
+                       renormalised=config.norm_topk_prob, per_expert=per_expert, routed=routed, routed_active=active,
+                       router_parameters=router, shared=shared, dense=dense_mlp, total=routed + always,
+                       active=active + always, read_share=k / e, expert_bytes=stored, read_bytes=stored * k // e)
 
 
 def _mlp(hidden: int, inner: int, bias: bool) -> int:
