@@ -28,5 +28,12 @@ export function bytes(n) {
   return `${n.toLocaleString("en-US")} bytes` + (unit ? ` (${(n / unit[1]).toFixed(1)} ${unit[0]})` : "");
 }
 
+// count(29e9) "29.0 billion", count(1812000) "1.81 million", count(130048) "130,048": parameter counts.
+export function count(n) {
+  const units = [["billion", 1e9], ["million", 1e6]];
+  const unit = units.find(([, size]) => n >= size);
+  return unit ? `${(n / unit[1]).toPrecision(3)} ${unit[0]}` : n.toLocaleString("en-US");
+}
+
 // ms(0.0123) "12.3 ms"
 export const ms = (seconds) => `${(seconds * 1000).toFixed(1)} ms`;

@@ -1,7 +1,8 @@
 // The explainer page's entry, loaded by index.html as an ES module (no build step: the browser
 // follows the imports). The page in the pipeline's order:
 //   app.js              the prompt box, Step and the dials, the step's table, stages, attention, tree
-//   sections/*.js       the lesson, one module per section of the page (1 tokens … 11 experiments);
+//   sections/*.js       the lesson, one module per section of the page (1 tokens … 11 experiments,
+//                       4b the mixture of experts after 4 attention);
 //                       each builds its part and follows the session through app.js's on()
 //   api.js, dom.js, format.js, plot.js   what they share: the server's routes, elements, numbers, SVG plots
 
@@ -11,6 +12,7 @@ import * as captures from "./sections/captures.js";
 import * as context from "./sections/context.js";
 import * as embeddings from "./sections/embeddings.js";
 import * as experiments from "./sections/experiments.js";
+import * as experts from "./sections/experts.js";
 import * as layers from "./sections/layers.js";
 import * as logits from "./sections/logits.js";
 import * as loop from "./sections/loop.js";
@@ -26,7 +28,7 @@ app.install();
 captures.install();  // before sections 4 and 5: their views read the node it follows
 // In the page's order; each section's listeners run in this order too (loop records a step before
 // stop plots it).
-for (const section of [tokens, embeddings, position, attention, layers, logits, sampling, loop, stop, context,
+for (const section of [tokens, embeddings, position, attention, experts, layers, logits, sampling, loop, stop, context,
                        experiments, traces, speculative, quiz]) {
   section.build();
 }
