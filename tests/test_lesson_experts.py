@@ -14,10 +14,12 @@ import httpx
 import pytest
 import torch
 
-from nexttok.checkpoints.loading import load_checkpoint
+from nexttok.checkpoints.export import write_gguf
+from nexttok.checkpoints.loading import load_checkpoint, load_model
 from nexttok.generation.sampling import SamplingParams
 from nexttok.lesson.experts import expert_facts
 from nexttok.lesson.session import ExplainSession
+from nexttok.models import kernels
 from tiny_models import GGUF_MOE, write_tiny, write_tiny_tokenizer
 
 PROMPT = "the router picks"
@@ -139,6 +141,19 @@ def test_expert_facts_count_hfs_parameters(checkpoints, name):
     assert facts.dense_layers == sum(1 for kind in config.mlp_types if kind == "dense")
     itemsize = next(checkpoint.model.parameters()).element_size()
     assert facts.expert_bytes == parts["routed"] * itemsize and facts.read_bytes * e == facts.expert_bytes * k
+
+
+@pytest.mark.skipif(not kernels.available(), reason="no C++ compiler: the kernels are not built")
+def test_a_q8_0_gguf_s_experts_are_counted_in_their_blocks(checkpoints, tmp_path):
+    """A GGUF's experts stay in blocks (Q8_0: 34 bytes per 32 weights): the counts are the
+    checkpoint's, the bytes the blocks' own, and a decode step reads k / E of them."""
+    _, checkpoint = checkpoints("qwen3_moe")
+    path = write_gguf(checkpoint.path, tmp_path / "model-Q8_0.gguf", "Q8_0")
+    shipped, float_facts = expert_facts(load_model(path)), expert_facts(checkpoint.model)
+    assert dataclasses.replace(shipped, expert_bytes=0, read_bytes=0) == \
+        dataclasses.replace(float_facts, expert_bytes=0, read_bytes=0)
+    assert shipped.expert_bytes == shipped.routed * 34 // 32 < float_facts.expert_bytes
+    assert shipped.read_bytes == shipped.expert_bytes * 2 // 8
 
 
 def test_a_dense_model_has_no_router(tmp_path):
