@@ -30,7 +30,7 @@ from nexttok.models.architecture import Architecture, GGUFLayout, GGUFMeta
 from nexttok.models.config import ROPE_TYPES, ConfigError, ModelConfig, check_act, rope_scaling
 from nexttok.models.decoder import LlamaLayout
 from nexttok.models.fused import FusedLinear
-from nexttok.models.llama import rope_inverse_frequencies
+from nexttok.models.rope import rope_inverse_frequencies
 
 
 class RMSNorm(nn.Module):
