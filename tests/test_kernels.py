@@ -24,7 +24,7 @@ from nexttok.models.block_quant import BlockEmbedding, BlockLinear, fits
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="no C++ compiler: the kernels are not built")
 
 # where each type keeps its float16 scales (byte offsets in a block); the rest is random (every
-# bit pattern of the quants and of the 4- and 6-bit scales is valid), but MXFP4's exponent byte
+# bit pattern of the quants and of the 4- and 6-bit scales is valid) but MXFP4's exponent byte
 F16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q2_K": (80, 82),
               "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_NL": (0,), "IQ4_XS": (0,),
               "MXFP4": ()}
@@ -172,12 +172,11 @@ def test_mxfp4_exponents_at_the_ends_of_the_range():
     with np.errstate(over="ignore"):  # 2^127 · 12 is inf, in float32 as in the gguf package
         assert torch.equal(kernels.dequantize(weight, torch.arange(256)), reference("MXFP4", raw))
     for exponents, size in (([0, 1, 2, 3, 9], 1e30), ([248, 250, 252], 1e-30)):
-        rows = torch.tensor(exponents)
-        w = reference("MXFP4", raw[rows]).double()
+        part = kernels.repack("MXFP4", torch.from_numpy(raw[exponents]), 32)
+        w = reference("MXFP4", raw[exponents]).double()
         x = torch.randn(3, 32) * size
         for isa in ISAS:
-            part = BlockLinear([weight], isa).select(rows=rows)
-            y = kernels.mm(kernels.quantize(x, isa), [part.tiles0], part.types, part.part_rows, isa)
+            y = kernels.mm(kernels.quantize(x, isa), [part.tiles], [part.type_id], [len(exponents)], isa)
             scale = (x.abs().double() @ w.abs().T).amax(0)  # per row: the exponents are far apart
             assert ((y.double() - quantized(x) @ w.T).abs() <= 1e-5 * scale).all(), isa
 
