@@ -19,13 +19,16 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType, quants
 
 from nexttok.models import kernels
-from nexttok.models.block_quant import BlockEmbedding, BlockLinear
+from nexttok.models.block_quant import BlockEmbedding, BlockLinear, fits
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="no C++ compiler: the kernels are not built")
 
-# where each type keeps its float16 scales (byte offsets in a block); the rest is random
-F16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,),
-              "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+# where each type keeps its float16 scales (byte offsets in a block); the rest is random (every
+# bit pattern of the quants and of the 4- and 6-bit scales is valid) but MXFP4's exponent byte
+F16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q2_K": (80, 82),
+              "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_NL": (0,), "IQ4_XS": (0,),
+              "MXFP4": ()}
+MXFP4_EXPONENTS = (118, 131)  # E8M0 bytes drawn: scales 2^-10 .. 2^2, values within ±48
 ISAS = list(range(kernels.best_isa() + 1)) if kernels.available() else []
 
 
@@ -43,6 +46,8 @@ def random_blocks(kind: str, rows: int, k: int, seed: int = 0) -> np.ndarray:
     for at in F16_FIELDS[kind]:
         scales = (rng.standard_normal((rows, k // elems)) * 0.01).astype(np.float16)
         raw[:, :, at:at + 2] = scales.view(np.uint8).reshape(rows, k // elems, 2)
+    if kind == "MXFP4":
+        raw[:, :, 0] = rng.integers(*MXFP4_EXPONENTS, size=(rows, k // elems), dtype=np.uint8)
     return raw.reshape(rows, -1)
 
 
@@ -79,7 +84,7 @@ def test_tiles_hold_exactly_the_file_values(kind, rows, k):
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("kind", list(kernels.BLOCKS))
 @pytest.mark.parametrize(("rows", "k"), SHAPES)
-@pytest.mark.parametrize("m", [1, 3, 6])
+@pytest.mark.parametrize("m", [1, 3, 5, 6, 9])  # every remainder of the 4-row steps
 def test_product_equals_dequantized_weight_times_8_bit_activation(isa, kind, rows, k, m):
     raw = random_blocks(kind, rows, k, seed=rows + k)
     weight = kernels.repack(kind, torch.from_numpy(raw), k)
@@ -90,6 +95,30 @@ def test_product_equals_dequantized_weight_times_8_bit_activation(isa, kind, row
     scale = (x.abs().double() @ w.abs().T).max()
     assert (y.double() - exact).abs().max() <= 1e-5 * scale
     assert (y.double() - x.double() @ w.T).abs().max() <= 2e-2 * scale  # 8-bit activations' error
+
+
+# a byte of quants giving every weight its largest |u| (Q8_0 -128, IQ4's -127, MXFP4's 12), else 0xff
+LARGEST = {"Q8_0": 0x80, "IQ4_NL": 0x00, "IQ4_XS": 0x00, "MXFP4": 0x77}
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("kind", list(kernels.BLOCKS))
+def test_largest_weights_times_largest_activations_do_not_overflow(isa, kind):
+    """Every weight at its type's largest magnitude and every activation at ±127: the int16 sums of
+    vpmaddubsw hold as many chunks as they can without saturating, and no more."""
+    _, elems, size = kernels.BLOCKS[kind]
+    raw = np.full((9, 512 // elems, size), LARGEST.get(kind, 0xff), dtype=np.uint8)
+    for at in F16_FIELDS[kind]:
+        raw[:, :, at:at + 2] = np.array([0.01], dtype=np.float16).view(np.uint8)
+    if kind == "MXFP4":
+        raw[:, :, 0] = 127
+    raw = raw.reshape(9, -1)
+    weight = kernels.repack(kind, torch.from_numpy(raw), 512)
+    x = torch.ones(2, 512)
+    x[1] = -1
+    y = kernels.mm(kernels.quantize(x, isa), [weight.tiles], [weight.type_id], [9], isa)
+    w = reference(kind, raw).double()
+    assert ((y.double() - x.double() @ w.T).abs() <= 1e-5 * (x.abs().double() @ w.abs().T)).all()
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -114,15 +143,42 @@ def test_linear_mixes_types_adds_bias_and_gates(isa):
     assert (y.double() - quantized(gated) @ w.T).abs().max() <= 1e-5 * scale
 
 
-def test_select_keeps_the_same_blocks():
-    k = 512
-    raw = random_blocks("Q4_K", 20, k)
-    layer = BlockLinear([kernels.repack("Q4_K", torch.from_numpy(raw), k)], kernels.best_isa())
+@pytest.mark.parametrize("kind", list(kernels.BLOCKS))
+def test_select_keeps_the_same_blocks(kind):
+    k, elems = 512, kernels.BLOCKS[kind][1]
+    raw = random_blocks(kind, 20, k)
+    layer = BlockLinear([kernels.repack(kind, torch.from_numpy(raw), k)], kernels.best_isa())
     rows = torch.tensor([3, 17, 0, 8])
     part = layer.select(rows=rows, columns=slice(256, 512))
-    assert torch.equal(part.weight_values(), reference("Q4_K", raw)[rows][:, 256:])
-    with pytest.raises(ValueError, match="whole blocks of 256"):
-        layer.select(columns=slice(0, 128))
+    assert torch.equal(part.weight_values(), reference(kind, raw)[rows][:, 256:])
+    with pytest.raises(ValueError, match=f"whole blocks of {elems}"):
+        layer.select(columns=slice(0, elems // 2))
+
+
+def test_fits_every_kernel_type_at_whole_blocks():
+    for kind, (_, elems, _) in kernels.BLOCKS.items():
+        assert fits(kind, elems) and fits(kind, 3 * elems) and not fits(kind, elems + 16)
+    assert fits("MXFP4", 2880) and fits("IQ4_NL", 96) and not fits("IQ4_XS", 2880) and not fits("Q3_K", 896)
+    assert not fits("IQ2_XS", 256) and not fits("F16", 256)
+
+
+def test_mxfp4_exponents_at_the_ends_of_the_range():
+    """E8M0 bytes 0 and 1 are subnormal scales, 255 is 2^127 (ggml's halved E8M0): every byte's
+    values equal the gguf package's, and the products use the same scales on every path (x sized so
+    the sums stay within float32)."""
+    raw = random_blocks("MXFP4", 256, 32)
+    raw[:, 0] = np.arange(256)
+    weight = kernels.repack("MXFP4", torch.from_numpy(raw), 32)
+    with np.errstate(over="ignore"):  # 2^127 · 12 is inf, in float32 as in the gguf package
+        assert torch.equal(kernels.dequantize(weight, torch.arange(256)), reference("MXFP4", raw))
+    for exponents, size in (([0, 1, 2, 3, 9], 1e30), ([248, 250, 252], 1e-30)):
+        part = kernels.repack("MXFP4", torch.from_numpy(raw[exponents]), 32)
+        w = reference("MXFP4", raw[exponents]).double()
+        x = torch.randn(3, 32) * size
+        for isa in ISAS:
+            y = kernels.mm(kernels.quantize(x, isa), [part.tiles], [part.type_id], [len(exponents)], isa)
+            scale = (x.abs().double() @ w.abs().T).amax(0)  # per row: the exponents are far apart
+            assert ((y.double() - quantized(x) @ w.T).abs() <= 1e-5 * scale).all(), isa
 
 
 def test_embedding_rows_and_tied_head_share_the_tiles():

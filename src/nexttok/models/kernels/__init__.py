@@ -1,8 +1,9 @@
 """nexttok's own CPU kernels for GGUF blocks, built once from csrc/ by the machine's C++ compiler.
 
-    repack(raw, kind)  a GGUF tensor's block rows (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
-                       Q6_K) -> tiles of 8 rows, the same values and scales reordered so that one
-                       register holds 4 weights of each of 8 rows (csrc/qtypes.h); unpack undoes it
+    repack(raw, kind)  a GGUF tensor's block rows (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K,
+                       Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4) -> tiles of 8 rows, the same values
+                       and scales reordered so that one register holds 4 weights of each of 8 rows
+                       (csrc/qtypes.h); unpack undoes it
     quantize(x, mode)  activations (M, K) float32 -> int8 per group of 32 with a float scale and
                        the sums (optionally of act(gate)·up)
     mm(act, parts)     y (M, N) = x · Wᵀ over such tiles, several parts of mixed types at once
@@ -41,7 +42,9 @@ SOURCES = ("ops.cpp", "q_generic.cpp", "q_avx2.cpp", "q_vnni.cpp")
 ISAS = ("portable", "avx2", "avx512-vnni")  # the isa argument's values 0, 1, 2
 # ggml type numbers of the block formats the kernels run, with (values, bytes) per block
 BLOCKS = {"Q4_0": (2, 32, 18), "Q4_1": (3, 32, 20), "Q5_0": (6, 32, 22), "Q5_1": (7, 32, 24),
-          "Q8_0": (8, 32, 34), "Q4_K": (12, 256, 144), "Q5_K": (13, 256, 176), "Q6_K": (14, 256, 210)}
+          "Q8_0": (8, 32, 34), "Q2_K": (10, 256, 84), "Q3_K": (11, 256, 110), "Q4_K": (12, 256, 144),
+          "Q5_K": (13, 256, 176), "Q6_K": (14, 256, 210), "IQ4_NL": (20, 32, 18), "IQ4_XS": (23, 256, 136),
+          "MXFP4": (39, 32, 17)}
 PLAIN, SILU_MUL, GELU_TANH_MUL = 0, 1, 2  # what linear / quantize / glu take of x
 TILE = 8  # rows per tile
 

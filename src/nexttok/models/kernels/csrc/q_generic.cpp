@@ -16,11 +16,15 @@ struct FileLayout {
 
 FileLayout file_layout(int type) {
     switch (type) {
-    case NQ_Q4_0: return {0, -1, -1, 2, -1};
+    case NQ_Q4_0: case NQ_IQ4_NL: return {0, -1, -1, 2, -1};
     case NQ_Q4_1: return {0, 2, -1, 4, -1};
     case NQ_Q5_0: return {0, -1, 2, 6, -1};
     case NQ_Q5_1: return {0, 2, 4, 8, -1};
     case NQ_Q8_0: return {0, -1, -1, 2, -1};
+    case NQ_MXFP4: return {0, -1, -1, 1, -1};     // d: the E8M0 byte e
+    case NQ_Q2_K: return {80, 82, -1, 16, 0};     // scales 0, qs 16, d 80, dmin 82
+    case NQ_Q3_K: return {108, -1, 0, 32, 96};    // hmask 0, qs 32, scales 96, d 108
+    case NQ_IQ4_XS: return {0, -1, -1, 8, 2};     // d 0, scales_h 2, scales_l 4, qs 8
     case NQ_Q4_K: return {0, 2, -1, 16, 4};
     case NQ_Q5_K: return {0, 2, 16, 48, 4};
     default: return {208, -1, 128, 0, 192};  // Q6_K: ql 0, qh 128, scales 192, d 208
@@ -47,25 +51,101 @@ void pack_scale_min_k4(const int* sc, const int* mn, uint8_t* q) {
     }
 }
 
-// Element e of group j of a file block: where its low 4 bits are (byte, shift), and its high
-// bits (byte, shift, width); Q8_0 aside (a plain byte).
+// A value split over a file block: its low bits at (lo_byte, lo_shift), the bits above them at
+// (hi_byte, hi_shift).
 struct Place {
-    int lo_byte, lo_shift, hi_byte, hi_shift, hi_bits;
+    int lo_byte, lo_shift, hi_byte, hi_shift;
 };
 
+int get_split(const uint8_t* blk, Place p, int lo_bits, int hi_bits) {
+    const int lo = (blk[p.lo_byte] >> p.lo_shift) & ((1 << lo_bits) - 1);
+    return hi_bits ? lo | ((blk[p.hi_byte] >> p.hi_shift) & ((1 << hi_bits) - 1)) << lo_bits : lo;
+}
+
+void put_split(uint8_t* blk, Place p, int lo_bits, int hi_bits, int v) {  // into a zeroed block
+    blk[p.lo_byte] |= (uint8_t)((v & ((1 << lo_bits) - 1)) << p.lo_shift);
+    if (hi_bits) blk[p.hi_byte] |= (uint8_t)((v >> lo_bits) << p.hi_shift);
+}
+
+// Element e of group j of a file block: its code's nq_low_bits and nq_high_bits.
 Place place(int type, int j, int e) {
     const FileLayout f = file_layout(type);
     switch (type) {
-    case NQ_Q4_0: case NQ_Q4_1: case NQ_Q5_0: case NQ_Q5_1:
-        return {f.qs + e % 16, e < 16 ? 0 : 4, f.qh + e / 8, e % 8, nq_has5(type) ? 1 : 0};
-    case NQ_Q4_K: case NQ_Q5_K:
-        return {f.qs + 32 * (j / 2) + e, (j & 1) ? 4 : 0, f.qh + e, j, type == NQ_Q5_K ? 1 : 0};
-    default: {  // Q6_K
+    case NQ_Q8_0: return {f.qs + e, 0, -1, 0};
+    case NQ_IQ4_XS: return {f.qs + 16 * j + e % 16, e < 16 ? 0 : 4, -1, 0};
+    case NQ_Q2_K: case NQ_Q3_K: return {f.qs + 32 * (j / 4) + e, 2 * (j % 4), f.qh + e, j};
+    case NQ_Q4_K: case NQ_Q5_K: return {f.qs + 32 * (j / 2) + e, (j & 1) ? 4 : 0, f.qh + e, j};
+    case NQ_Q6_K: {
         const int h = j / 4, s = j % 4;
-        return {f.qs + 64 * h + 32 * (s & 1) + e, (s & 2) ? 4 : 0, f.qh + 32 * h + e, 2 * s, 2};
+        return {f.qs + 64 * h + 32 * (s & 1) + e, (s & 2) ? 4 : 0, f.qh + 32 * h + e, 2 * s};
     }
+    default:  // Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4: 16 bytes of nibbles (and 32 5th bits)
+        return {f.qs + e % 16, e < 16 ? 0 : 4, f.qh + e / 8, e % 8};
     }
 }
+
+// Q3_K's i-th scale (of 16) and IQ4_XS's (of 8): 6 bits, as 4 + 2 (see the gguf package's layout).
+Place six_bit_scale(int type, int i) {
+    const int at = file_layout(type).scales;
+    return type == NQ_Q3_K ? Place{at + i % 8, 4 * (i / 8), at + 8 + i % 4, 2 * (i / 4)}
+                           : Place{at + 2 + i / 2, 4 * (i % 2), at + i / 4, 2 * (i % 4)};
+}
+
+// Group j's scales from a file block into row r's bytes of the unit's group scales gs.
+void scales_to_unit(int type, const uint8_t* blk, int j, uint8_t* gs, int r) {
+    const FileLayout f = file_layout(type);
+    switch (type) {
+    case NQ_Q4_K: case NQ_Q5_K: {
+        int sc, mn;
+        scale_min_k4(blk + f.scales, j, &sc, &mn);
+        gs[r] = (uint8_t)sc;
+        gs[8 + r] = (uint8_t)mn;
+        break;
+    }
+    case NQ_Q2_K: case NQ_Q6_K:  // a byte per 16 values
+        gs[r] = blk[f.scales + 2 * j];
+        gs[8 + r] = blk[f.scales + 2 * j + 1];
+        break;
+    case NQ_Q3_K:
+        gs[r] = (uint8_t)(get_split(blk, six_bit_scale(type, 2 * j), 4, 2) - 32);
+        gs[8 + r] = (uint8_t)(get_split(blk, six_bit_scale(type, 2 * j + 1), 4, 2) - 32);
+        break;
+    case NQ_IQ4_XS:
+        gs[r] = (uint8_t)(get_split(blk, six_bit_scale(type, j), 4, 2) - 32);
+        break;
+    }
+}
+
+// The reverse, into a zeroed block (Q4_K / Q5_K: collected in sc, mn and packed once all are).
+void scales_to_file(int type, const uint8_t* gs, int r, int j, uint8_t* blk, int* sc, int* mn) {
+    const FileLayout f = file_layout(type);
+    switch (type) {
+    case NQ_Q4_K: case NQ_Q5_K:
+        sc[j] = gs[r];
+        mn[j] = gs[8 + r];
+        break;
+    case NQ_Q2_K: case NQ_Q6_K:
+        blk[f.scales + 2 * j] = gs[r];
+        blk[f.scales + 2 * j + 1] = gs[8 + r];
+        break;
+    case NQ_Q3_K:
+        put_split(blk, six_bit_scale(type, 2 * j), 4, 2, (int8_t)gs[r] + 32);
+        put_split(blk, six_bit_scale(type, 2 * j + 1), 4, 2, (int8_t)gs[8 + r] + 32);
+        break;
+    case NQ_IQ4_XS:
+        put_split(blk, six_bit_scale(type, j), 4, 2, (int8_t)gs[r] + 32);
+        break;
+    }
+}
+
+// Row r's code u of element e into a unit's zeroed group planes p (unit_code reads it back).
+void put_unit_code(int type, uint8_t* p, int r, int e, int u) {
+    const int c = e / 4, at = 4 * r + e % 4, lo = nq_low_bits(type), hi = nq_high_bits(type);
+    p[32 * nq_plane_vector(lo, c) + at] |= (uint8_t)((u & ((1 << lo) - 1)) << nq_plane_shift(lo, c));
+    if (hi) p[32 * (lo + nq_plane_vector(hi, c)) + at] |= (uint8_t)((u >> lo) << nq_plane_shift(hi, c));
+}
+
+int header_bytes(int type) { return type == NQ_MXFP4 ? 1 : 2; }  // per row: d f16, or e
 
 }  // namespace
 
@@ -74,40 +154,21 @@ void repack(int type, const uint8_t* raw, int64_t N, int64_t K, uint8_t* out) {
     const int64_t units = K / nq_block_elems(type), row_bytes = units * nq_block_bytes(type);
     const int64_t tiles = (N + NQ_TILE - 1) / NQ_TILE, ub = nq_unit_bytes(type);
     const FileLayout f = file_layout(type);
-    const int gpu = nq_block_elems(type) / 32;
+    const int gpu = nq_block_elems(type) / 32, hb = header_bytes(type);
     memset(out, 0, tiles * units * ub);
     for (int64_t n = 0; n < N; n++) {
         const int r = (int)(n % NQ_TILE);
         for (int64_t b = 0; b < units; b++) {
             const uint8_t* blk = raw + n * row_bytes + b * nq_block_bytes(type);
             uint8_t* unit = out + (n / NQ_TILE * units + b) * ub;
-            memcpy(unit + 2 * r, blk + f.d, 2);
+            memcpy(unit + hb * r, blk + f.d, hb);
             if (f.second >= 0) memcpy(unit + 16 + 2 * r, blk + f.second, 2);
             for (int j = 0; j < gpu; j++) {
                 uint8_t* gs = unit + nq_header(type) + j * (nq_group_scales(type) + nq_planes(type));
-                uint8_t* p = gs + nq_group_scales(type);
-                if (type == NQ_Q4_K || type == NQ_Q5_K) {
-                    int sc, mn;
-                    scale_min_k4(blk + f.scales, j, &sc, &mn);
-                    gs[r] = (uint8_t)sc;
-                    gs[8 + r] = (uint8_t)mn;
-                } else if (type == NQ_Q6_K) {
-                    gs[r] = blk[f.scales + 2 * j];
-                    gs[8 + r] = blk[f.scales + 2 * j + 1];
-                }
-                for (int e = 0; e < 32; e++) {
-                    const int c = e / 4, at = 4 * r + e % 4;
-                    if (type == NQ_Q8_0) {
-                        p[32 * c + at] = blk[f.qs + e];
-                        continue;
-                    }
-                    const Place pl = place(type, j, e);
-                    const int lo = (blk[pl.lo_byte] >> pl.lo_shift) & 0xf;
-                    const int hi = pl.hi_bits ? (blk[pl.hi_byte] >> pl.hi_shift) & ((1 << pl.hi_bits) - 1) : 0;
-                    p[32 * (c & 3) + at] |= (uint8_t)(lo << (c < 4 ? 0 : 4));
-                    if (nq_has5(type)) p[128 + at] |= (uint8_t)(hi << c);
-                    if (type == NQ_Q6_K) p[128 + 32 * (c / 4) + at] |= (uint8_t)(hi << (2 * (c & 3)));
-                }
+                scales_to_unit(type, blk, j, gs, r);
+                for (int e = 0; e < 32; e++)
+                    put_unit_code(type, gs + nq_group_scales(type), r, e,
+                                  get_split(blk, place(type, j, e), nq_low_bits(type), nq_high_bits(type)));
             }
         }
     }
@@ -118,35 +179,21 @@ void unpack_rows(int type, const uint8_t* w, int64_t K, const int64_t* rows, int
     const int64_t units = K / nq_block_elems(type), row_bytes = units * nq_block_bytes(type);
     const int64_t ub = nq_unit_bytes(type);
     const FileLayout f = file_layout(type);
-    const int gpu = nq_block_elems(type) / 32;
+    const int gpu = nq_block_elems(type) / 32, hb = header_bytes(type);
     memset(out, 0, n * row_bytes);
     for (int64_t i = 0; i < n; i++) {
         const int r = (int)(rows[i] % NQ_TILE);
         for (int64_t b = 0; b < units; b++) {
             const uint8_t* unit = w + (rows[i] / NQ_TILE * units + b) * ub;
             uint8_t* blk = out + i * row_bytes + b * nq_block_bytes(type);
-            memcpy(blk + f.d, unit + 2 * r, 2);
+            memcpy(blk + f.d, unit + hb * r, hb);
             if (f.second >= 0) memcpy(blk + f.second, unit + 16 + 2 * r, 2);
             int sc[8], mn[8];
             for (int j = 0; j < gpu; j++) {
-                const uint8_t* gs = group_at(type, unit, j);
-                if (type == NQ_Q4_K || type == NQ_Q5_K) {
-                    sc[j] = gs[r];
-                    mn[j] = gs[8 + r];
-                } else if (type == NQ_Q6_K) {
-                    blk[f.scales + 2 * j] = gs[r];
-                    blk[f.scales + 2 * j + 1] = gs[8 + r];
-                }
-                for (int e = 0; e < 32; e++) {
-                    const int u = unit_value(type, unit, r, j, e);
-                    if (type == NQ_Q8_0) {
-                        blk[f.qs + e] = (uint8_t)u;
-                        continue;
-                    }
-                    const Place pl = place(type, j, e);
-                    blk[pl.lo_byte] |= (uint8_t)((u & 0xf) << pl.lo_shift);
-                    if (pl.hi_bits) blk[pl.hi_byte] |= (uint8_t)((u >> 4) << pl.hi_shift);
-                }
+                scales_to_file(type, group_at(type, unit, j), r, j, blk, sc, mn);
+                for (int e = 0; e < 32; e++)
+                    put_split(blk, place(type, j, e), nq_low_bits(type), nq_high_bits(type),
+                              unit_code(type, unit, r, j, e));
             }
             if (type == NQ_Q4_K || type == NQ_Q5_K) pack_scale_min_k4(sc, mn, blk + f.scales);
         }

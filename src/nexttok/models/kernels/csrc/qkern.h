@@ -13,7 +13,12 @@
 //     Q4_0  A = d,       B = -8 d          Q4_1, Q5_1  A = d, B = m
 //     Q5_0  A = d,       B = -16 d         Q8_0  A = d, u = w + 128 and B = -128 d (VNNI), or
 //     Q4_K  A = d·sc_j,  B = -dmin·mn_j          signed bytes by the sign trick (AVX2)
-//     Q5_K  as Q4_K                         Q6_K  A = d·sc (per 16 values), B = -32 d·sc
+//     Q5_K  as Q4_K                         IQ4_NL  A = d, u = the codebook's value (+ 128 and
+//     Q6_K  A = d·sc,    B = -32 d·sc               B = -128 d on VNNI, signed on AVX2, as Q8_0)
+//     Q3_K  A = d·sc,    B = -4 d·sc        MXFP4   as IQ4_NL, d = 2^(e - 128) (E8M0, halved as
+//     Q2_K  A = d·sc,    B = -dmin·mn               the codebook holds twice the FP4 values)
+//                                           IQ4_XS  as IQ4_NL, A = d·(ls_j - 32)
+// (Q2_K, Q3_K, Q6_K: sc and mn per 16 values, B times the activations' sum per 16: d·s.)
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
@@ -45,73 +50,146 @@ static inline float f16(const uint8_t* p) {
     return f;
 }
 
+// MXFP4's scale: the E8M0 byte e is 2^(e - 127), halved (ggml's GGML_E8M0_TO_FP32_HALF); e < 2
+// are subnormal floats, e = 255 (NaN in E8M0) is 2^127 as in ggml.
+static inline float e8m0_half(uint8_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+// The codebooks (ggml's kvalues_iq4nl, shared by IQ4_XS, and kvalues_mxfp4: twice the E2M1 values).
+static const int8_t IQ4_NL_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+static const int8_t MXFP4_VALUES[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+static inline const int8_t* codebook_values(int type) { return type == NQ_MXFP4 ? MXFP4_VALUES : IQ4_NL_VALUES; }
+
+// The int8 dot products see signed weights (Q8_0's bytes, a codebook's values) on AVX2, and the
+// largest |weight| bounds how many chunks vpmaddubsw's int16 sums can take.
+static inline constexpr bool signed_weights(int type) { return type == NQ_Q8_0 || nq_codebook(type); }
+static inline constexpr int weight_max(int type) {
+    return type == NQ_Q8_0 ? 128 : type == NQ_MXFP4 ? 12 : nq_codebook(type) ? 127
+         : (1 << (nq_low_bits(type) + nq_high_bits(type))) - 1;
+}
+
 // ---- scalar access to a unit (8 rows of one file block, repacked) ----
 
 static inline const uint8_t* group_at(int type, const uint8_t* unit, int j) {  // its scale bytes
     return unit + nq_header(type) + j * (nq_group_scales(type) + nq_planes(type));
 }
 
-// Row r's value u (0..63; Q8_0: the signed byte) of group j, element e, from the planes.
-static inline int unit_value(int type, const uint8_t* unit, int r, int j, int e) {
+// Row r's scale in the header: d, or MXFP4's 2^(e - 128).
+static inline float row_scale(int type, const uint8_t* unit, int r) {
+    return type == NQ_MXFP4 ? e8m0_half(unit[r]) : f16(unit + 2 * r);
+}
+
+// The bits of chunk c, byte `at`, in a plane of `bits` bits per value (qtypes.h).
+static inline int plane_bits(const uint8_t* plane, int bits, int c, int at) {
+    return (plane[32 * nq_plane_vector(bits, c) + at] >> nq_plane_shift(bits, c)) & ((1 << bits) - 1);
+}
+
+// Row r's stored code of element e of group j: its low bits, its high bits above them.
+static inline int unit_code(int type, const uint8_t* unit, int r, int j, int e) {
     const uint8_t* p = group_at(type, unit, j) + nq_group_scales(type);
-    const int c = e / 4, i = e % 4, at = 4 * r + i;
-    if (type == NQ_Q8_0) return (int8_t)p[32 * c + at];
-    int u = (p[32 * (c & 3) + at] >> (c < 4 ? 0 : 4)) & 0xf;
-    if (nq_has5(type)) u |= ((p[128 + at] >> c) & 1) << 4;
-    if (type == NQ_Q6_K) u |= ((p[128 + 32 * (c / 4) + at] >> (2 * (c & 3))) & 3) << 4;
+    const int c = e / 4, at = 4 * r + e % 4, lo = nq_low_bits(type), hi = nq_high_bits(type);
+    int u = plane_bits(p, lo, c, at);
+    if (hi) u |= plane_bits(p + 32 * lo, hi, c, at) << lo;
     return u;
 }
 
-// The float value of row r's element e of group j (exactly as the gguf package dequantizes).
+// The integer the dot products take for it: u, or the signed weight (Q8_0, the codebook types).
+static inline int unit_value(int type, const uint8_t* unit, int r, int j, int e) {
+    const int u = unit_code(type, unit, r, j, e);
+    return nq_codebook(type) ? codebook_values(type)[u] : type == NQ_Q8_0 ? (int8_t)u : u;
+}
+
+// The float value of row r's element e of group j (exactly as the gguf package dequantizes:
+// the same float32 products in the same order).
 static inline float unit_float(int type, const uint8_t* unit, int r, int j, int e) {
     const int u = unit_value(type, unit, r, j, e);
-    const float d = f16(unit + 2 * r);
-    const int8_t* sc = (const int8_t*)group_at(type, unit, j);
+    const float d = row_scale(type, unit, r);
+    const uint8_t* gs = group_at(type, unit, j);
+    const uint8_t half = gs[8 * (e / 16) + r];  // the per-16 types' scale byte
     switch (type) {
     case NQ_Q4_0: return d * (float)(u - 8);
     case NQ_Q5_0: return d * (float)(u - 16);
-    case NQ_Q8_0: return d * (float)u;
+    case NQ_Q8_0: case NQ_IQ4_NL: case NQ_MXFP4: return d * (float)u;
+    case NQ_IQ4_XS: return (d * (float)(int8_t)gs[r]) * (float)u;
     case NQ_Q4_1: case NQ_Q5_1: return d * (float)u + f16(unit + 16 + 2 * r);
-    case NQ_Q6_K: return (d * (float)sc[8 * (e / 16) + r]) * (float)(u - 32);
-    default: return (d * (float)(uint8_t)sc[r]) * (float)u - f16(unit + 16 + 2 * r) * (float)(uint8_t)sc[8 + r];
+    case NQ_Q2_K: return (d * (float)(half & 0xf)) * (float)u - f16(unit + 16 + 2 * r) * (float)(half >> 4);
+    case NQ_Q3_K: return (d * (float)(int8_t)half) * (float)(u - 4);
+    case NQ_Q6_K: return (d * (float)(int8_t)half) * (float)(u - 32);
+    default: return (d * (float)gs[r]) * (float)u - f16(unit + 16 + 2 * r) * (float)gs[8 + r];
     }
 }
 
 #if NQ_AVX2
 static inline __m256 load_f16x8(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
+static inline __m256i load_u8x8(const uint8_t* p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p)); }
 static inline __m256 load_i8x8(const uint8_t* p, bool is_signed) {
     __m128i b = _mm_loadl_epi64((const __m128i*)p);
     return _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b));
 }
 
+// e8m0_half of 8 E8M0 bytes.
+static inline __m256 load_e8m0_half_x8(const uint8_t* p) {
+    const __m256i e = load_u8x8(p);
+    const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    const __m256i subnormal = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+    const __m256i small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, subnormal, small));
+}
+
+// The header's scales of 8 rows.
+template <int TYPE>
+static inline __m256 header_scales(const uint8_t* unit) {
+    return TYPE == NQ_MXFP4 ? load_e8m0_half_x8(unit) : load_f16x8(unit);
+}
+
+// BITS bits of every byte from bit FROM to bit TO: one shift and one and (the 16-bit shift moves
+// a neighbour byte's bits in, outside the mask, as every field lies within its byte).
+template <int FROM, int TO, int BITS>
+static inline __m256i field(__m256i v) {
+    if constexpr (FROM > TO) v = _mm256_srli_epi16(v, FROM - TO);
+    if constexpr (FROM < TO) v = _mm256_slli_epi16(v, TO - FROM);
+    return _mm256_and_si256(v, _mm256_set1_epi8((char)(((1 << BITS) - 1) << TO)));
+}
+
+// A codebook's 16 values in both 128-bit lanes (vpshufb looks up within each): signed for AVX2's
+// sign trick, + 128 for VNNI (unsigned, B = -128·A as Q8_0's).
+template <int TYPE>
+static inline __m256i codebook() {
+    if constexpr (!nq_codebook(TYPE)) {
+        return _mm256_setzero_si256();
+    } else {
+        const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)codebook_values(TYPE)));
+        return NQ_VNNI ? _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80)) : v;
+    }
+}
+
 // Chunk C (values 4C..4C+3) of 8 rows of group planes p: one 256-bit register, row r in lane r.
 // C is a template argument so that every shift is an immediate.
 template <int TYPE, int C>
-static inline __m256i chunk(const uint8_t* p) {
-    if (TYPE == NQ_Q8_0) {
-        __m256i w = _mm256_loadu_si256((const __m256i*)(p + 32 * C));
-        return NQ_VNNI ? _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80)) : w;  // VNNI: u = w + 128
+static inline __m256i chunk(const uint8_t* p, __m256i book) {
+    constexpr int lo = nq_low_bits(TYPE), hi = nq_high_bits(TYPE);
+    const __m256i v = _mm256_loadu_si256((const __m256i*)(p + 32 * nq_plane_vector(lo, C)));
+    if constexpr (TYPE == NQ_Q8_0) {
+        return NQ_VNNI ? _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80)) : v;  // VNNI: u = w + 128
+    } else {
+        __m256i u = field<nq_plane_shift(lo, C), 0, lo>(v);
+        if constexpr (hi > 0) {
+            const __m256i h = _mm256_loadu_si256((const __m256i*)(p + 32 * (lo + nq_plane_vector(hi, C))));
+            u = _mm256_or_si256(u, field<nq_plane_shift(hi, C), lo, hi>(h));
+        }
+        return nq_codebook(TYPE) ? _mm256_shuffle_epi8(book, u) : u;
     }
-    const __m256i v = _mm256_loadu_si256((const __m256i*)(p + 32 * (C & 3)));
-    __m256i u = _mm256_and_si256(C < 4 ? v : _mm256_srli_epi16(v, 4), _mm256_set1_epi8(0xf));
-    if (nq_has5(TYPE)) {  // bit C of each byte to bit 4
-        const __m256i h = _mm256_loadu_si256((const __m256i*)(p + 128));
-        const __m256i bit = C < 4 ? _mm256_slli_epi16(h, (4 - C) & 7) : _mm256_srli_epi16(h, (C - 4) & 7);
-        u = _mm256_or_si256(u, _mm256_and_si256(bit, _mm256_set1_epi8(0x10)));
-    }
-    if (TYPE == NQ_Q6_K) {  // bits 2(C%4), 2(C%4)+1 to bits 4, 5
-        const __m256i h = _mm256_loadu_si256((const __m256i*)(p + 128 + 32 * (C / 4)));
-        const int shift = 4 - 2 * (C & 3);
-        const __m256i bits = shift >= 0 ? _mm256_slli_epi16(h, shift & 7) : _mm256_srli_epi16(h, (-shift) & 7);
-        u = _mm256_or_si256(u, _mm256_and_si256(bits, _mm256_set1_epi8(0x30)));
-    }
-    return u;
 }
 
 template <int TYPE>
 static inline void group_chunks(const uint8_t* p, __m256i* w) {
-    w[0] = chunk<TYPE, 0>(p); w[1] = chunk<TYPE, 1>(p); w[2] = chunk<TYPE, 2>(p); w[3] = chunk<TYPE, 3>(p);
-    w[4] = chunk<TYPE, 4>(p); w[5] = chunk<TYPE, 5>(p); w[6] = chunk<TYPE, 6>(p); w[7] = chunk<TYPE, 7>(p);
+    const __m256i b = codebook<TYPE>();
+    w[0] = chunk<TYPE, 0>(p, b); w[1] = chunk<TYPE, 1>(p, b); w[2] = chunk<TYPE, 2>(p, b); w[3] = chunk<TYPE, 3>(p, b);
+    w[4] = chunk<TYPE, 4>(p, b); w[5] = chunk<TYPE, 5>(p, b); w[6] = chunk<TYPE, 6>(p, b); w[7] = chunk<TYPE, 7>(p, b);
 }
 
 static inline __m256i bcast4(const int8_t* x) {
@@ -127,23 +205,54 @@ static inline __m256i dot_chunks(const __m256i* w, const int8_t* x) {
 #if NQ_VNNI
     for (int c = C0; c < C1; c++) acc = _mm256_dpbusd_epi32(acc, w[c], bcast4(x + 4 * c));
 #else
-    // vpmaddubsw pairs into int16, summed over as many chunks as cannot overflow, then vpmaddwd
-    constexpr int run = TYPE == NQ_Q8_0 ? 1 : nq_has5(TYPE) ? 4 : TYPE == NQ_Q6_K ? 2 : 8;
+    // vpmaddubsw pairs into int16, summed over as many chunks as cannot overflow (each int16 takes
+    // 2 products of at most weight_max · 127 per chunk), then vpmaddwd
+    constexpr int run = 32767 / (2 * 127 * weight_max(TYPE));
+    static_assert(run >= 1, "one vpmaddubsw pair must fit int16");
     const __m256i ones = _mm256_set1_epi16(1);
     for (int c = C0; c < C1; c += run) {
         __m256i sum16 = _mm256_setzero_si256();
         for (int k = c; k < c + run && k < C1; k++) {
             const __m256i xv = bcast4(x + 4 * k);
-            if (TYPE == NQ_Q8_0) {  // signed weights: |w| and x with w's sign
-                sum16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w[k], w[k]), _mm256_sign_epi8(xv, w[k]));
-            } else {
-                sum16 = _mm256_add_epi16(sum16, _mm256_maddubs_epi16(w[k], xv));
-            }
+            const __m256i p = signed_weights(TYPE)  // |w| and x with w's sign
+                                  ? _mm256_maddubs_epi16(_mm256_sign_epi8(w[k], w[k]), _mm256_sign_epi8(xv, w[k]))
+                                  : _mm256_maddubs_epi16(w[k], xv);
+            sum16 = _mm256_add_epi16(sum16, p);
         }
         acc = _mm256_add_epi32(acc, _mm256_madd_epi16(sum16, ones));
     }
 #endif
     return acc;
+}
+
+// A and B of w = A·u + B for 8 rows, types with one scale per 32 values.
+template <int TYPE>
+static inline void group_ab(__m256 dw, __m256 second, const uint8_t* gs, __m256* A, __m256* B) {
+    if (TYPE == NQ_Q4_K || TYPE == NQ_Q5_K) {
+        *A = _mm256_mul_ps(dw, load_i8x8(gs, false));
+        *B = _mm256_mul_ps(_mm256_mul_ps(second, load_i8x8(gs + 8, false)), _mm256_set1_ps(-1.0f));
+    } else if (TYPE == NQ_Q4_1 || TYPE == NQ_Q5_1) {
+        *A = dw;
+        *B = second;
+    } else {
+        *A = TYPE == NQ_IQ4_XS ? _mm256_mul_ps(dw, load_i8x8(gs, true)) : dw;
+        const float k = TYPE == NQ_Q4_0 ? -8.0f : TYPE == NQ_Q5_0 ? -16.0f : NQ_VNNI ? -128.0f : 0.0f;
+        *B = _mm256_mul_ps(*A, _mm256_set1_ps(k));
+    }
+}
+
+// The per-16 types' scales of 8 rows: of the two halves' Σu·x (sc) and of their activation sums (mn).
+template <int TYPE>
+static inline void half_scales(const uint8_t* gs, __m256* sc, __m256* mn) {
+    for (int h = 0; h < 2; h++) {
+        if (TYPE == NQ_Q2_K) {  // sc | mn << 4
+            const __m256i b = load_u8x8(gs + 8 * h);
+            sc[h] = _mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(0xf)));
+            mn[h] = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
+        } else {
+            sc[h] = mn[h] = load_i8x8(gs + 8 * h, true);
+        }
+    }
 }
 
 // out[r·ldo + 0..7] for the 8 rows of one tile and R activation rows.
@@ -156,47 +265,36 @@ static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const flo
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < units; b++) {
         const uint8_t* unit = tile + b * ub;
-        const __m256 dw = load_f16x8(unit);
+        const __m256 dw = header_scales<TYPE>(unit);
         const __m256 second = nq_has_min(TYPE) ? load_f16x8(unit + 16) : _mm256_setzero_ps();
         for (int j = 0; j < gpu; j++) {
             const int64_t g = b * gpu + j;
             const uint8_t* gs = group_at(TYPE, unit, j);
-            const uint8_t* planes = gs + nq_group_scales(TYPE);
             __m256i w[8];
-            group_chunks<TYPE>(planes, w);
-            __m256 A, B;
-            if (TYPE == NQ_Q4_K || TYPE == NQ_Q5_K) {
-                A = _mm256_mul_ps(dw, load_i8x8(gs, false));
-                B = _mm256_mul_ps(second, load_i8x8(gs + 8, false));  // subtracted below
-            } else if (TYPE == NQ_Q4_1 || TYPE == NQ_Q5_1) {
-                A = dw;
-                B = second;
-            } else {
-                A = dw;
-                const float k = TYPE == NQ_Q4_0 ? -8.0f : TYPE == NQ_Q5_0 ? -16.0f : TYPE == NQ_Q6_K ? -32.0f
-                              : NQ_VNNI ? -128.0f : 0.0f;
-                B = _mm256_mul_ps(dw, _mm256_set1_ps(k));
-            }
-            for (int r = 0; r < R; r++) {
-                const int8_t* x = q + r * K + 32 * g;
-                const float da = d[r * G + g];
-                if (TYPE == NQ_Q6_K) {
-                    const __m256 sa = load_i8x8(gs, true), sb = load_i8x8(gs + 8, true);
-                    __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(dot_chunks<TYPE, 0, 4>(w, x)), sa);
-                    t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_chunks<TYPE, 4, 8>(w, x)), sb, t);
-                    acc[r] = _mm256_fmadd_ps(t, _mm256_mul_ps(A, _mm256_set1_ps(da)), acc[r]);
+            group_chunks<TYPE>(gs + nq_group_scales(TYPE), w);
+            if constexpr (nq_per16(TYPE)) {  // Σ = dw·da·(sc₀·dot₀ + sc₁·dot₁) + B·da·(mn₀·s₀ + mn₁·s₁)
+                __m256 sc[2], mn[2];
+                half_scales<TYPE>(gs, sc, mn);
+                const __m256 B = TYPE == NQ_Q2_K ? _mm256_mul_ps(second, _mm256_set1_ps(-1.0f))
+                                                 : _mm256_mul_ps(dw, _mm256_set1_ps(TYPE == NQ_Q3_K ? -4.0f : -32.0f));
+                for (int r = 0; r < R; r++) {
+                    const int8_t* x = q + r * K + 32 * g;
+                    const float da = d[r * G + g];
+                    __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(dot_chunks<TYPE, 0, 4>(w, x)), sc[0]);
+                    t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_chunks<TYPE, 4, 8>(w, x)), sc[1], t);
+                    acc[r] = _mm256_fmadd_ps(t, _mm256_mul_ps(dw, _mm256_set1_ps(da)), acc[r]);
                     const int16_t* sr = s + r * 2 * G + 2 * g;
-                    __m256 m = _mm256_mul_ps(sa, _mm256_set1_ps(da * sr[0]));
-                    m = _mm256_fmadd_ps(sb, _mm256_set1_ps(da * sr[1]), m);
+                    __m256 m = _mm256_mul_ps(mn[0], _mm256_set1_ps(da * sr[0]));
+                    m = _mm256_fmadd_ps(mn[1], _mm256_set1_ps(da * sr[1]), m);
                     acc[r] = _mm256_fmadd_ps(m, B, acc[r]);
-                } else {
-                    const __m256 dot = _mm256_cvtepi32_ps(dot_chunks<TYPE, 0, 8>(w, x));
-                    acc[r] = _mm256_fmadd_ps(dot, _mm256_mul_ps(A, _mm256_set1_ps(da)), acc[r]);
-                    if (TYPE == NQ_Q4_K || TYPE == NQ_Q5_K) {
-                        acc[r] = _mm256_fnmadd_ps(B, _mm256_set1_ps(ds[r * G + g]), acc[r]);
-                    } else if (TYPE != NQ_Q8_0 || NQ_VNNI) {
-                        acc[r] = _mm256_fmadd_ps(B, _mm256_set1_ps(ds[r * G + g]), acc[r]);
-                    }
+                }
+            } else {
+                __m256 A, B;
+                group_ab<TYPE>(dw, second, gs, &A, &B);
+                for (int r = 0; r < R; r++) {
+                    const __m256 dot = _mm256_cvtepi32_ps(dot_chunks<TYPE, 0, 8>(w, q + r * K + 32 * g));
+                    acc[r] = _mm256_fmadd_ps(dot, _mm256_mul_ps(A, _mm256_set1_ps(d[r * G + g])), acc[r]);
+                    if (!signed_weights(TYPE) || NQ_VNNI) acc[r] = _mm256_fmadd_ps(B, _mm256_set1_ps(ds[r * G + g]), acc[r]);
                 }
             }
         }
@@ -212,6 +310,34 @@ static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const flo
     }
 }
 #else
+// Row r's factors of group j: Σ w·x = A·d·(sc₀·dot₀ + sc₁·dot₁) + B·(per-16 types: d·(mn₀·s₀ +
+// mn₁·s₁); the others: ds), the dots over the group's two halves of u (signed where AVX2's are).
+struct Factors {
+    float A, B;
+    int sc[2], mn[2];
+};
+
+static inline Factors factors(int type, const uint8_t* unit, const uint8_t* gs, int r) {
+    const float dw = row_scale(type, unit, r), second = nq_has_min(type) ? f16(unit + 16 + 2 * r) : 0.0f;
+    Factors f = {dw, 0.0f, {1, 1}, {0, 0}};  // Q8_0, IQ4_NL, MXFP4: signed u, B = 0
+    switch (type) {
+    case NQ_Q4_0: f.B = -8 * dw; break;
+    case NQ_Q5_0: f.B = -16 * dw; break;
+    case NQ_Q4_1: case NQ_Q5_1: f.B = second; break;
+    case NQ_Q4_K: case NQ_Q5_K: f.A = dw * gs[r]; f.B = -second * gs[8 + r]; break;
+    case NQ_IQ4_XS: f.A = dw * (int8_t)gs[r]; break;
+    case NQ_Q2_K:
+        f.B = -second;
+        for (int h = 0; h < 2; h++) f.sc[h] = gs[8 * h + r] & 0xf, f.mn[h] = gs[8 * h + r] >> 4;
+        break;
+    case NQ_Q3_K: case NQ_Q6_K:
+        f.B = (type == NQ_Q3_K ? -4 : -32) * dw;
+        for (int h = 0; h < 2; h++) f.sc[h] = f.mn[h] = (int8_t)gs[8 * h + r];
+        break;
+    }
+    return f;
+}
+
 // The portable path: the same sums, one row of the tile at a time.
 template <int TYPE, int R>
 static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const float* d, const int16_t* s,
@@ -222,22 +348,11 @@ static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const flo
         float acc[R] = {0};
         for (int64_t b = 0; b < units; b++) {
             const uint8_t* unit = tile + b * ub;
-            const float dw = f16(unit + 2 * row), second = nq_has_min(TYPE) ? f16(unit + 16 + 2 * row) : 0.0f;
             for (int j = 0; j < gpu; j++) {
                 const int64_t g = b * gpu + j;
-                const uint8_t* gs = group_at(TYPE, unit, j);
+                const Factors f = factors(TYPE, unit, group_at(TYPE, unit, j), row);
                 int u[32];
                 for (int e = 0; e < 32; e++) u[e] = unit_value(TYPE, unit, row, j, e);
-                float A = dw, B = TYPE == NQ_Q4_0 ? -8 * dw : TYPE == NQ_Q5_0 ? -16 * dw : TYPE == NQ_Q6_K ? -32 * dw
-                                : nq_has_min(TYPE) ? second : 0.0f;
-                int l0 = 1, l1 = 1;
-                if (TYPE == NQ_Q4_K || TYPE == NQ_Q5_K) {
-                    A = dw * gs[row];
-                    B = -second * gs[8 + row];
-                } else if (TYPE == NQ_Q6_K) {
-                    l0 = (int8_t)gs[row];
-                    l1 = (int8_t)gs[8 + row];
-                }
                 for (int r = 0; r < R; r++) {
                     const int8_t* x = q + r * K + 32 * g;
                     int32_t lo = 0, hi = 0;
@@ -246,8 +361,9 @@ static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const flo
                         hi += u[e + 16] * x[e + 16];
                     }
                     const int16_t* sr = s + r * 2 * G + 2 * g;
-                    acc[r] += (float)(l0 * lo + l1 * hi) * (A * d[r * G + g]);
-                    acc[r] += B * (TYPE == NQ_Q6_K ? d[r * G + g] * (float)(l0 * sr[0] + l1 * sr[1]) : ds[r * G + g]);
+                    const float da = d[r * G + g];
+                    acc[r] += (float)(f.sc[0] * lo + f.sc[1] * hi) * (f.A * da);
+                    acc[r] += f.B * (nq_per16(TYPE) ? da * (float)(f.mn[0] * sr[0] + f.mn[1] * sr[1]) : ds[r * G + g]);
                 }
             }
         }
@@ -300,6 +416,11 @@ int gemm(int type, const uint8_t* w, int64_t t0, int64_t t1, int64_t N, int64_t 
     case NQ_Q4_K: gemm_type<NQ_Q4_K>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo); return 0;
     case NQ_Q5_K: gemm_type<NQ_Q5_K>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo); return 0;
     case NQ_Q6_K: gemm_type<NQ_Q6_K>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo); return 0;
+    case NQ_Q2_K: gemm_type<NQ_Q2_K>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo); return 0;
+    case NQ_Q3_K: gemm_type<NQ_Q3_K>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo); return 0;
+    case NQ_IQ4_NL: gemm_type<NQ_IQ4_NL>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo); return 0;
+    case NQ_IQ4_XS: gemm_type<NQ_IQ4_XS>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo); return 0;
+    case NQ_MXFP4: gemm_type<NQ_MXFP4>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo); return 0;
     }
     return -1;
 }

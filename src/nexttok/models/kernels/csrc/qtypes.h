@@ -2,55 +2,89 @@
 // layout the weights are repacked into at load: tiles of 8 rows, so that one 256-bit register
 // holds 4 consecutive weights of each of 8 rows and the int8 dot products give 8 outputs at once.
 //
-// A tile is a run of units, one per file block (32 values, or 256 for the K types). A unit is a
-// header, then per group of 32 values its scale bytes (K types) and its weight planes:
+// A tile is a run of units, one per file block (32 values, or 256 for the K types and IQ4_XS). A
+// unit is a header, then per group of 32 values its scale bytes and its weight planes:
 //
-//   type  header (8 rows each)          per group            planes per group (8 rows)
-//   Q4_0  d f16                          -                    nibbles 128
-//   Q4_1  d, m f16                       -                    nibbles 128
-//   Q5_0  d f16                          -                    nibbles 128, 5th bits 32
-//   Q5_1  d, m f16                       -                    nibbles 128, 5th bits 32
-//   Q8_0  d f16                          -                    bytes 256
-//   Q4_K  d, dmin f16                    sc, mn int8 (6-bit)  nibbles 128
-//   Q5_K  d, dmin f16                    sc, mn int8          nibbles 128, 5th bits 32
-//   Q6_K  d f16                          sc per 16: 2 int8    nibbles 128, top 2 bits 64
+//   type    header (8 rows each)    per group (8 rows)          planes per group (8 rows)
+//   Q4_0    d f16                    -                           nibbles 128
+//   Q4_1    d, m f16                 -                           nibbles 128
+//   Q5_0    d f16                    -                           nibbles 128, 5th bits 32
+//   Q5_1    d, m f16                 -                           nibbles 128, 5th bits 32
+//   Q8_0    d f16                    -                           bytes 256
+//   IQ4_NL  d f16                    -                           nibbles 128 (codebook indices)
+//   MXFP4   e (E8M0 byte)            -                           nibbles 128 (codebook indices)
+//   Q2_K    d, dmin f16              per 16: sc | mn << 4        low 2 bits 64
+//   Q3_K    d f16                    per 16: sc - 32 int8        low 2 bits 64, 3rd bits 32
+//   Q4_K    d, dmin f16              sc, mn int8 (6-bit)         nibbles 128
+//   Q5_K    d, dmin f16              sc, mn int8                 nibbles 128, 5th bits 32
+//   Q6_K    d f16                    per 16: sc int8             nibbles 128, top 2 bits 64
+//   IQ4_XS  d f16                    ls - 32 int8                nibbles 128 (codebook indices)
 //
-// Nibble vector j (j < 4), byte 4r + i: row r's value 4j + i (low nibble) and 16 + 4j + i (high).
-// 5th-bit vector, byte 4r + i, bit c: the 5th bit of row r's value 4c + i.
-// Top-2-bit vector h (h < 2), byte 4r + i, bits 2c..2c+1: the top bits of row r's 4(4h + c) + i.
-// Q8_0 vector c, byte 4r + i: row r's value 4c + i.
-// So chunk c (values 4c..4c+3 of every row) is one and/shift away. The bytes held match the
-// file's within 3% (Q4_K: 148 per 256 values instead of 144).
+// A plane of b bits per value is b vectors of 32 bytes, byte 4r + i of each holding row r's
+// values 4c + i of 8 / b chunks c, b bits apiece (nq_plane_vector, nq_plane_shift):
+//   nibbles (b = 4)  vector c % 4, bits 4(c / 4): vector j holds 4j + i (low), 16 + 4j + i (high)
+//   2 bits  (b = 2)  vector c / 4, bits 2(c % 4)
+//   1 bit   (b = 1)  the one vector, bit c
+//   bytes   (b = 8)  vector c (Q8_0's signed bytes)
+// A type's planes are its low bits (nq_low_bits), then its high bits: u = low | high << low bits;
+// a codebook type's u indexes its table. Per-16 scales: byte r for row r's values 0..15 of the
+// group, byte 8 + r for 16..31.
+// So chunk c (values 4c..4c+3 of every row) is a shift and an and away (and an or for high
+// bits, a vpshufb for a codebook). The bytes held match the file's within 4% (Q3_K: 114 per 256 values instead of 110; Q4_K 148 for 144; IQ4_XS 138 for 136).
 #pragma once
 
 #include <stdint.h>
 
 enum {
-    NQ_Q4_0 = 2, NQ_Q4_1 = 3, NQ_Q5_0 = 6, NQ_Q5_1 = 7, NQ_Q8_0 = 8,
-    NQ_Q4_K = 12, NQ_Q5_K = 13, NQ_Q6_K = 14,
+    NQ_Q4_0 = 2, NQ_Q4_1 = 3, NQ_Q5_0 = 6, NQ_Q5_1 = 7, NQ_Q8_0 = 8, NQ_Q2_K = 10, NQ_Q3_K = 11,
+    NQ_Q4_K = 12, NQ_Q5_K = 13, NQ_Q6_K = 14, NQ_IQ4_NL = 20, NQ_IQ4_XS = 23, NQ_MXFP4 = 39,
 };
 enum { NQ_TILE = 8 };
 
 static inline constexpr bool nq_known(int type) {
     return type == NQ_Q4_0 || type == NQ_Q4_1 || type == NQ_Q5_0 || type == NQ_Q5_1 || type == NQ_Q8_0 ||
-           type == NQ_Q4_K || type == NQ_Q5_K || type == NQ_Q6_K;
+           type == NQ_Q2_K || type == NQ_Q3_K || type == NQ_Q4_K || type == NQ_Q5_K || type == NQ_Q6_K ||
+           type == NQ_IQ4_NL || type == NQ_IQ4_XS || type == NQ_MXFP4;
 }
-static inline constexpr bool nq_k(int type) { return type >= NQ_Q4_K; }
-static inline constexpr int nq_block_elems(int type) { return nq_k(type) ? 256 : 32; }
+static inline constexpr int nq_block_elems(int type) {
+    return type == NQ_Q2_K || type == NQ_Q3_K || type == NQ_Q4_K || type == NQ_Q5_K || type == NQ_Q6_K ||
+           type == NQ_IQ4_XS ? 256 : 32;
+}
 
 static inline constexpr int nq_block_bytes(int type) {
     return type == NQ_Q4_0 ? 18 : type == NQ_Q4_1 ? 20 : type == NQ_Q5_0 ? 22 : type == NQ_Q5_1 ? 24
-         : type == NQ_Q8_0 ? 34 : type == NQ_Q4_K ? 144 : type == NQ_Q5_K ? 176 : type == NQ_Q6_K ? 210 : 0;
+         : type == NQ_Q8_0 ? 34 : type == NQ_Q2_K ? 84 : type == NQ_Q3_K ? 110 : type == NQ_Q4_K ? 144
+         : type == NQ_Q5_K ? 176 : type == NQ_Q6_K ? 210 : type == NQ_IQ4_NL ? 18 : type == NQ_IQ4_XS ? 136
+         : type == NQ_MXFP4 ? 17 : 0;
 }
 static inline constexpr bool nq_has5(int type) { return type == NQ_Q5_0 || type == NQ_Q5_1 || type == NQ_Q5_K; }
 static inline constexpr bool nq_has_min(int type) {  // a second f16 in the header (m or dmin)
-    return type == NQ_Q4_1 || type == NQ_Q5_1 || type == NQ_Q4_K || type == NQ_Q5_K;
+    return type == NQ_Q4_1 || type == NQ_Q5_1 || type == NQ_Q2_K || type == NQ_Q4_K || type == NQ_Q5_K;
 }
-static inline constexpr int nq_header(int type) { return nq_has_min(type) ? 32 : 16; }
-static inline constexpr int nq_group_scales(int type) { return nq_k(type) ? 16 : 0; }
-static inline constexpr int nq_planes(int type) {
-    return type == NQ_Q8_0 ? 256 : 128 + (nq_has5(type) ? 32 : 0) + (type == NQ_Q6_K ? 64 : 0);
+// the nibbles index a table of 16 signed values (IQ4_NL's and IQ4_XS's, MXFP4's)
+static inline constexpr bool nq_codebook(int type) { return type == NQ_IQ4_NL || type == NQ_IQ4_XS || type == NQ_MXFP4; }
+// a scale per 16 values (two per group), which also weighs the sums of the activations per 16
+static inline constexpr bool nq_per16(int type) { return type == NQ_Q2_K || type == NQ_Q3_K || type == NQ_Q6_K; }
+
+static inline constexpr int nq_header(int type) { return type == NQ_MXFP4 ? 8 : nq_has_min(type) ? 32 : 16; }
+static inline constexpr int nq_group_scales(int type) {
+    return type == NQ_IQ4_XS ? 8 : nq_per16(type) || type == NQ_Q4_K || type == NQ_Q5_K ? 16 : 0;
 }
+static inline constexpr int nq_low_bits(int type) {
+    return type == NQ_Q8_0 ? 8 : type == NQ_Q2_K || type == NQ_Q3_K ? 2 : 4;
+}
+static inline constexpr int nq_high_bits(int type) {
+    return nq_has5(type) || type == NQ_Q3_K ? 1 : type == NQ_Q6_K ? 2 : 0;
+}
+static inline constexpr int nq_planes(int type) { return 32 * (nq_low_bits(type) + nq_high_bits(type)); }
 static inline constexpr int nq_unit_bytes(int type) {  // one file block of 8 rows, repacked
     return nq_header(type) + nq_block_elems(type) / 32 * (nq_group_scales(type) + nq_planes(type));
+}
+
+// Chunk c's place in a plane of `bits` bits per value: its vector, and the shift of its bits.
+static inline constexpr int nq_plane_vector(int bits, int c) {
+    return bits == 4 ? c & 3 : bits == 2 ? c / 4 : bits == 1 ? 0 : c;
+}
+static inline constexpr int nq_plane_shift(int bits, int c) {
+    return bits == 4 ? 4 * (c / 4) : bits == 2 ? 2 * (c & 3) : bits == 1 ? c : 0;
 }
