@@ -55,7 +55,7 @@ def test_moe_linear_multiplies_each_row_by_its_expert_only(isa, kinds):
 def test_moe_linear_errors_are_one_line():
     a, _ = _experts("Q8_0", 2, 8, 64, 0)
     x = torch.randn(1, 64)
-    for experts, message in (([2], "expert 2 or source row 0 out of range"), ([-1], "expert -1")):
+    for experts, message in (([2], r"expert 2 out of range 0..1"), ([-1], r"expert -1 out of range")):
         with pytest.raises(RuntimeError, match=message) as error:
             kernels.moe_linear(x, torch.tensor(experts), torch.tensor([0]), [a.tiles], [a.type_id], [8], 2, 0)
         assert "\n" not in str(error.value).split("\n\n")[0]
@@ -66,15 +66,19 @@ def test_moe_linear_errors_are_one_line():
 
 @needs_kernels
 @pytest.mark.parametrize("isa", ISAS)
-def test_block_experts_equal_float_experts_over_the_same_values(isa):
-    """BlockExperts (the file's blocks) against moe.Experts holding the blocks' values: the same sums
-    up to the 8-bit activations, which the reference applies too, per product."""
+@pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
+def test_block_experts_equal_float_experts_over_the_same_values(isa, activation):
+    """BlockExperts (the file's blocks, one kernels.moe_mlp call) against the same values in float:
+    the same sums up to the 8-bit activations, which the reference applies too, per product; gpt-oss's
+    clamped activation with its biases as well."""
     e, hidden, inner, n, top = 4, 256, 256, 7, 2
     gate, wg = _experts("Q8_0", e, inner, hidden, 5)
     up, wu = _experts("Q4_K", e, inner, hidden, 6)
     down, wd = _experts("Q6_K", e, hidden, inner, 7)
-    block = BlockExperts([gate, up], [down], e, isa, _swiglu)
-    x = torch.randn(n, hidden, generator=torch.Generator().manual_seed(8))
+    oai = activation == "swiglu_oai"
+    biases = (torch.randn(e, 2 * inner), torch.randn(e, hidden)) if oai else (None, None)
+    block = BlockExperts([gate, up], [down], e, isa, (activation, 1.5, 0.5), *biases)
+    x = torch.randn(n, hidden, generator=torch.Generator().manual_seed(8)) * 20
     ids = torch.stack([torch.randperm(e, generator=torch.Generator().manual_seed(i))[:top] for i in range(n)])
     routing = Routing(ids, torch.rand(n, top), torch.rand(n, e))
     got = block(x, routing)
@@ -83,11 +87,21 @@ def test_block_experts_equal_float_experts_over_the_same_values(isa):
         for j in range(top):
             g = ids[t, j]
             h = quantized(x[t : t + 1]) @ torch.cat((wg[g], wu[g])).double().T  # (1, 2 inner)
-            act = _swiglu(h.float())
-            expected[t] += routing.weights[t, j].double() * (quantized(act) @ wd[g].double().T)[0]
+            h = h.float() + (biases[0][g] if oai else 0)
+            act = _clamped(h, 1.5, 0.5) if oai else _swiglu(h)
+            y = (quantized(act) @ wd[g].double().T)[0] + (biases[1][g].double() if oai else 0)
+            expected[t] += routing.weights[t, j].double() * y
     assert (got.double() - expected).abs().max() <= 1e-4 * expected.abs().max()
+    if oai:  # the clamp bites: the activation differs from SwiGLU's here
+        assert (_clamped(h, 1.5, 0.5) - _swiglu(h)).abs().max() > 0.1
     gu, dn = block.expert_values(2)
     assert torch.equal(gu, torch.cat((wg[2], wu[2]))) and torch.equal(dn, wd[2])
+
+
+def _clamped(h: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    gate, up = h.chunk(2, dim=-1)
+    gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+    return gate * torch.sigmoid(alpha * gate) * (up + 1)
 
 
 def _swiglu(h: torch.Tensor) -> torch.Tensor:

@@ -134,16 +134,20 @@ class BlockEmbedding(nn.Module):
 class BlockExperts(nn.Module):
     """moe.Experts over GGUF blocks: gate_up's parts (the file's gate and up tensors, E × inner rows
     each, an expert's rows after the one before's) and down's (E × hidden rows), in tiles. A call
-    reads only the experts its tokens are routed to, each once (kernels.moe_linear). act: the
-    gated activation of [gate | up]; gate_up_bias (E, 2 inner) and down_bias (E, hidden) where the
-    family has them (gpt-oss)."""
+    reads only the experts its tokens are routed to, each once, the whole MLP in one kernel call
+    (kernels.moe_mlp). activation: (name, alpha, limit), "silu" (SwiGLU) or gpt-oss's "swiglu_oai";
+    gate_up_bias (E, 2 inner) and down_bias (E, hidden) where the family has them (gpt-oss)."""
 
-    def __init__(self, gate_up: list[kernels.Tiled], down: list[kernels.Tiled], num_experts: int, isa: int, act,
-                 gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None):
+    MODES = {"silu": kernels.SILU_MUL, "swiglu_oai": kernels.SWIGLU_OAI}
+
+    def __init__(self, gate_up: list[kernels.Tiled], down: list[kernels.Tiled], num_experts: int, isa: int,
+                 activation: tuple[str, float, float], gate_up_bias: torch.Tensor | None = None,
+                 down_bias: torch.Tensor | None = None):
         super().__init__()
-        self.num_experts, self.isa, self.act = num_experts, isa, act
+        self.num_experts, self.isa = num_experts, isa
+        self.mode, self.alpha, self.limit = self.MODES[activation[0]], float(activation[1]), float(activation[2])
         self.hidden, self.inner = gate_up[0].k, down[0].k
-        self.gate_up = BlockLinear(gate_up, isa)  # the tiles and their types; called only through moe_linear
+        self.gate_up = BlockLinear(gate_up, isa)  # the tiles and their types; run only through moe_mlp
         self.down = BlockLinear(down, isa)
         self.gate_up_proj_bias = None if gate_up_bias is None else nn.Parameter(gate_up_bias.float(),
                                                                                  requires_grad=False)
@@ -151,22 +155,11 @@ class BlockExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, routing) -> torch.Tensor:
         """x (N, hidden) -> (N, hidden): Σ_j weights_j · expert_{ids_j}(x) (routing: moe.Routing)."""
-        n, k = routing.ids.shape
-        ids = routing.ids.reshape(-1)  # (N·k,) the expert of each (token, choice)
-        tokens = torch.arange(n).repeat_interleave(k)  # (N·k,) the token of each
-        h = self._mm(self.gate_up, _rows(x, self.hidden), ids, tokens)  # (N·k, 2 inner)
-        if self.gate_up_proj_bias is not None:
-            h = h + self.gate_up_proj_bias[ids]
-        h = self.act(h).contiguous()
-        y = self._mm(self.down, h, ids, torch.arange(n * k))  # (N·k, hidden)
-        if self.down_proj_bias is not None:
-            y = y + self.down_proj_bias[ids]
-        return (y.view(n, k, -1) * routing.weights.to(y.dtype)[..., None]).sum(1).to(x.dtype)
-
-    def _mm(self, layer: BlockLinear, x: torch.Tensor, ids: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
-        tiles = [getattr(layer, f"tiles{i}") for i in range(len(layer.types))]
-        rows = [r // self.num_experts for r in layer.part_rows]
-        return kernels.moe_linear(x, ids, src, tiles, layer.types, rows, self.num_experts, self.isa)
+        bias = (None if self.gate_up_proj_bias is None else self.gate_up_proj_bias.detach(),
+                None if self.down_proj_bias is None else self.down_proj_bias.detach())
+        y = kernels.moe_mlp(_rows(x, self.hidden), routing.ids, routing.weights, self.gate_up.parts, self.down.parts,
+                            self.num_experts, self.isa, self.mode, self.alpha, self.limit, *bias)
+        return y.to(x.dtype)
 
     def expert_values(self, e: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Expert e's gate_up (2 inner, hidden) and down (hidden, inner) as float32: the file's values."""

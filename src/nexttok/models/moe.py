@@ -120,6 +120,7 @@ class Experts(nn.Module):
         self.gate_up_proj_bias = nn.Parameter(torch.empty(e, 2 * inner)) if bias else None
         self.down_proj_bias = nn.Parameter(torch.empty(e, hidden)) if bias else None
         self.act = activation(config)
+        self.activation = (config.hidden_act, config.swiglu_alpha, config.swiglu_limit)  # for block_quant.BlockExperts
 
     def checkpoint_parts(self, leaf: str) -> list[tuple[str, tuple[int, ...]]]:
         """The per-expert checkpoint tensors (names under this module, shapes) that stacked in order

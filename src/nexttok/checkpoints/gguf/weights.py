@@ -212,7 +212,7 @@ def _experts(model: nn.Module, tensors: dict[str, GGUFTensor], name: str, module
     if blocks:
         gate_up = [_tiled([parts[p]], hidden)[0] for p in ("gate_proj", "up_proj")]  # each expert's rows in place
         (down,) = _tiled([parts["down_proj"]], inner)
-        return BlockExperts(gate_up, [down], e, isa, module.act, gate_up_bias, down_bias)
+        return BlockExperts(gate_up, [down], e, isa, module.activation, gate_up_bias, down_bias)
     module.gate_up_proj = nn.Parameter(torch.cat([_dense(parts[p], floats, device) for p in ("gate_proj", "up_proj")],
                                                  dim=1), requires_grad=False)  # (E, 2 inner, hidden)
     module.down_proj = nn.Parameter(_dense(parts["down_proj"], floats, device), requires_grad=False)

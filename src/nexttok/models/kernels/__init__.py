@@ -9,7 +9,8 @@
     mm(act, parts)     y (M, N) = x · Wᵀ over such tiles, several parts of mixed types at once
     linear(x, parts)   quantize and mm in one call (+ bias; optionally of act(gate)·up)
     moe_linear(x, ...) each row times the weights of the expert it was routed to, reading only the
-                       experts some row uses, each once (mixtures of experts)
+                       experts some row uses, each once (mixtures of experts); moe_mlp the whole
+                       experts' MLP (gate_up, activation, down, the router-weighted sum) in one call
     dequantize(...)    rows of a tiled weight as float32 (embedding lookups, checks, viewers)
     attend(q, k, v)    one new query per row over the cached keys (decode's attention; sinks optional)
     rms_norm, glu, rope  the float32 steps around the matmuls, one call each instead of the 4-10
@@ -46,6 +47,7 @@ BLOCKS = {"Q4_0": (2, 32, 18), "Q4_1": (3, 32, 20), "Q5_0": (6, 32, 22), "Q5_1":
           "Q5_K": (13, 256, 176), "Q6_K": (14, 256, 210), "IQ4_NL": (20, 32, 18), "IQ4_XS": (23, 256, 136),
           "MXFP4": (39, 32, 17)}
 PLAIN, SILU_MUL, GELU_TANH_MUL = 0, 1, 2  # what linear / quantize / glu take of x
+SWIGLU_OAI = 3  # moe_mlp's gpt-oss activation
 TILE = 8  # rows per tile
 
 _state: dict[str, object] = {}
@@ -219,6 +221,20 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tenso
     return _eager().attend(q, k, v, sinks, best_isa())
 
 
+def moe_mlp(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_up: list[Tiled], down: list[Tiled],
+            n_experts: int, isa: int, mode: int = SILU_MUL, alpha: float = 1.702, limit: float = 7.0,
+            gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None) -> torch.Tensor:
+    """A mixture of experts' MLPs in one call: x (T, H) float32, the router's ids and weights (T, k)
+    -> (T, H) = Σ_j weights[:, j] · down_e(act(gate_up_e(x) + b) + b'), e = ids[:, j]. gate_up's parts
+    hold n_experts × [gate | up] rows (each part E × its rows), down's n_experts × H rows; act:
+    SILU_MUL, or SWIGLU_OAI (gpt-oss: gate clamped above at limit, up to ±limit, gate·σ(alpha·gate)·(up + 1))."""
+    def parts(tiled: list[Tiled]) -> tuple[list[torch.Tensor], list[int], list[int]]:
+        return [p.tiles for p in tiled], [p.type_id for p in tiled], [p.rows // n_experts for p in tiled]
+
+    return torch.ops.nexttok_q.moe_mlp(x, ids, weights, *parts(gate_up), *parts(down), n_experts, gate_up_bias,
+                                       down_bias, mode, alpha, limit, isa)
+
+
 def moe_linear(x: torch.Tensor, experts: torch.Tensor, src: torch.Tensor, tiles: list[torch.Tensor],
                types: list[int], rows: list[int], n_experts: int, isa: int) -> torch.Tensor:
     """(R, N) float32: row r = q(x[src[r]]) · W_{experts[r]}ᵀ, W_e expert e's rows of every part (a
@@ -267,6 +283,10 @@ def _register_fakes() -> None:
     @torch.library.register_fake("nexttok_q::moe_linear")
     def _(x, expert, src, weights, types, rows, n_experts, isa):
         return x.new_empty((expert.numel(), sum(rows)))
+
+    @torch.library.register_fake("nexttok_q::moe_mlp")
+    def _(x, ids, weights, gate_up, gt, gr, down, dt, dr, n_experts, gb, db, mode, alpha, limit, isa):
+        return torch.empty_like(x)
 
     @torch.library.register_fake("nexttok_q::attend")
     def _(q, k, v, sinks, isa):

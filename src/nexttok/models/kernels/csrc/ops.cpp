@@ -232,86 +232,213 @@ at::Tensor linear(const at::Tensor& x, at::TensorList weights, at::IntArrayRef t
     return out;
 }
 
-// Mixture-of-experts rows: out[r] = x[src[r]] · W_{expert[r]}ᵀ for R rows, W_e being expert e's rows of
-// every part (a part holds n_experts × rows[p] rows in tiles, expert e's from tile e · rows[p] / 8).
-// x's M rows are quantized once; the R rows are grouped by expert, so each expert's tiles are read
-// once for all of its rows and an expert no row routes to is never read (a decode step reads only
-// its k experts). Threads split the chosen experts' tiles.
-at::Tensor moe_linear(const at::Tensor& x, const at::Tensor& expert, const at::Tensor& src, at::TensorList weights,
-                      at::IntArrayRef types, at::IntArrayRef rows, int64_t n_experts, int64_t isa) {
-    const int64_t K = input_width(x, PLAIN, "moe_linear"), M = x.size(0), G = K / 32;
-    GemmFn fn = gemm_for(isa);
+// ---- mixtures of experts: every row multiplied by the weights of the expert it is routed to ----
+// A part holds n_experts × rows[p] rows in tiles, expert e's from tile e · rows[p] / 8 (so rows[p]
+// is a multiple of 8). Rows are grouped by expert, so each expert's tiles are read once for all of
+// its rows, and an expert no row routes to is never read (a decode step reads only its k experts).
+
+// Quantized activation rows (quantize_row's outputs), K values each.
+struct QRows {
+    int64_t K = 0;
+    std::vector<int8_t> q;
+    std::vector<float> d, ds;
+    std::vector<int16_t> s;
+    void resize(int64_t rows, int64_t k) {
+        K = k;
+        q.resize(rows * k);
+        d.resize(rows * (k / 32));
+        ds.resize(rows * (k / 32));
+        s.resize(rows * (k / 16));
+    }
+    void copy_row(int64_t to, const QRows& from, int64_t row) {
+        const int64_t G = K / 32;
+        memcpy(&q[to * K], &from.q[row * K], K);
+        memcpy(&d[to * G], &from.d[row * G], G * sizeof(float));
+        memcpy(&ds[to * G], &from.ds[row * G], G * sizeof(float));
+        memcpy(&s[to * 2 * G], &from.s[row * 2 * G], 2 * G * sizeof(int16_t));
+    }
+};
+
+// R rows' experts -> the rows grouped by expert: order[start[e]..start[e + 1]) are expert e's, in order.
+struct Grouped {
+    std::vector<int64_t> start, order;
+};
+
+Grouped group_by_expert(const int64_t* expert, int64_t R, int64_t n_experts) {
+    Grouped g;
+    g.start.assign(n_experts + 1, 0);
+    g.order.resize(R);
+    for (int64_t r = 0; r < R; r++) {
+        TORCH_CHECK(expert[r] >= 0 && expert[r] < n_experts, "nexttok_q: expert ", expert[r], " out of range 0..",
+                    n_experts - 1);
+        g.start[expert[r] + 1]++;
+    }
+    for (int64_t e = 0; e < n_experts; e++) g.start[e + 1] += g.start[e];
+    std::vector<int64_t> fill(g.start.begin(), g.start.end() - 1);
+    for (int64_t r = 0; r < R; r++) g.order[fill[expert[r]]++] = r;
+    return g;
+}
+
+// Checks the experts' parts against K; returns each part's first output column (and N at the end).
+std::vector<int64_t> expert_columns(at::TensorList weights, at::IntArrayRef types, at::IntArrayRef rows,
+                                    int64_t n_experts, int64_t K, const char* op) {
     TORCH_CHECK(weights.size() == types.size() && weights.size() == rows.size() && !weights.empty() && n_experts > 0,
-                "nexttok_q.moe_linear: one type and row count per weight part, and experts");
+                "nexttok_q.", op, ": one type and row count per weight part, and experts");
     std::vector<int64_t> col0(weights.size() + 1, 0);
     for (size_t p = 0; p < weights.size(); p++) {
-        TORCH_CHECK(rows[p] % NQ_TILE == 0, "nexttok_q.moe_linear: an expert's rows (", rows[p],
-                    ") must be whole tiles of ", NQ_TILE);
-        check_packed(weights[p], types[p], rows[p] * n_experts, K, "moe_linear");
+        TORCH_CHECK(rows[p] % NQ_TILE == 0, "nexttok_q.", op, ": an expert's rows (", rows[p], ") must be whole tiles of ",
+                    NQ_TILE);
+        check_packed(weights[p], types[p], rows[p] * n_experts, K, op);
         col0[p + 1] = col0[p] + rows[p];
     }
-    const int64_t N = col0.back();
-    auto ex = expert.to(at::kLong).contiguous(), sr = src.to(at::kLong).contiguous();
-    const int64_t R = ex.numel();
-    TORCH_CHECK(sr.numel() == R, "nexttok_q.moe_linear: one source row per expert row");
-    const int64_t* ep = ex.data_ptr<int64_t>();
-    const int64_t* srp = sr.data_ptr<int64_t>();
-    std::vector<int64_t> start(n_experts + 1, 0), order(R);
-    for (int64_t r = 0; r < R; r++) {
-        TORCH_CHECK(ep[r] >= 0 && ep[r] < n_experts && srp[r] >= 0 && srp[r] < M,
-                    "nexttok_q.moe_linear: expert ", ep[r], " or source row ", srp[r], " out of range");
-        start[ep[r] + 1]++;
-    }
-    for (int64_t e = 0; e < n_experts; e++) start[e + 1] += start[e];
-    {
-        std::vector<int64_t> fill(start.begin(), start.end() - 1);
-        for (int64_t r = 0; r < R; r++) order[fill[ep[r]]++] = r;  // rows grouped by expert, in order
-    }
-    thread_local Scratch scratch;
-    scratch.q.resize(M * K);
-    scratch.d.resize(M * G);
-    scratch.ds.resize(M * G);
-    scratch.s.resize(M * 2 * G);
-    quantize_rows(x.data_ptr<float>(), K, M, K, PLAIN, isa, scratch.q.data(), scratch.d.data(), scratch.s.data(),
-                  scratch.ds.data());
-    // each grouped row's quantized input, contiguous per expert (the gemm reads an expert's rows at once)
-    std::vector<int8_t> gq(R * K);
-    std::vector<float> gd(R * G), gds(R * G);
-    std::vector<int16_t> gs(R * 2 * G);
-    for (int64_t i = 0; i < R; i++) {
-        const int64_t m = srp[order[i]];
-        memcpy(&gq[i * K], &scratch.q[m * K], K);
-        memcpy(&gd[i * G], &scratch.d[m * G], G * sizeof(float));
-        memcpy(&gds[i * G], &scratch.ds[m * G], G * sizeof(float));
-        memcpy(&gs[i * 2 * G], &scratch.s[m * 2 * G], 2 * G * sizeof(int16_t));
-    }
-    // the work: (expert, part) segments of tiles, numbered one after the other
-    struct Segment { int64_t e, p, first; };
+    return col0;
+}
+
+// out (R, N), row i = the i-th grouped row (x's rows already in group order) times its expert's rows.
+void expert_gemm(const QRows& x, const Grouped& g, at::TensorList weights, at::IntArrayRef types,
+                 at::IntArrayRef rows, const std::vector<int64_t>& col0, int64_t isa, float* out) {
+    const int64_t K = x.K, G = K / 32, N = col0.back(), n_experts = (int64_t)g.start.size() - 1;
+    GemmFn fn = gemm_for(isa);
+    struct Segment { int64_t e, p, first; };  // (expert, part) runs of tiles, numbered one after another
     std::vector<Segment> segments;
     int64_t total = 0;
     for (int64_t e = 0; e < n_experts; e++) {
-        if (start[e + 1] == start[e]) continue;
+        if (g.start[e + 1] == g.start[e]) continue;
         for (size_t p = 0; p < weights.size(); p++) {
             segments.push_back({e, (int64_t)p, total});
             total += rows[p] / NQ_TILE;
         }
     }
-    std::vector<float> grouped(R * N);
     at::parallel_for(0, total, 8, [&](int64_t i0, int64_t i1) {
         for (const Segment& seg : segments) {
             const int64_t tiles = rows[seg.p] / NQ_TILE;
             const int64_t lo = std::max(i0, seg.first), hi = std::min(i1, seg.first + tiles);
             if (lo >= hi) continue;
-            const int64_t a = start[seg.e], count = start[seg.e + 1] - a;
-            const uint8_t* w = weights[seg.p].data_ptr<uint8_t>() +
-                               seg.e * tiles * tile_bytes(types[seg.p], K);
-            fn((int)types[seg.p], w, lo - seg.first, hi - seg.first, rows[seg.p], K, &gq[a * K], &gd[a * G],
-               &gs[a * 2 * G], &gds[a * G], count, &grouped[a * N + col0[seg.p]], N);
+            const int64_t a = g.start[seg.e], count = g.start[seg.e + 1] - a;
+            const uint8_t* w = weights[seg.p].data_ptr<uint8_t>() + seg.e * tiles * tile_bytes(types[seg.p], K);
+            fn((int)types[seg.p], w, lo - seg.first, hi - seg.first, rows[seg.p], K, &x.q[a * K], &x.d[a * G],
+               &x.s[a * 2 * G], &x.ds[a * G], count, out + a * N + col0[seg.p], N);
         }
     });
+}
+
+// Rows x (M, K) quantized, then gathered into group order (row i: x[src[order[i]]]).
+QRows grouped_input(const at::Tensor& x, const int64_t* src, const Grouped& g, int64_t isa) {
+    const int64_t M = x.size(0), K = x.size(1), R = (int64_t)g.order.size();
+    QRows all, out;
+    all.resize(M, K);
+    quantize_rows(x.data_ptr<float>(), K, M, K, PLAIN, isa, all.q.data(), all.d.data(), all.s.data(), all.ds.data());
+    out.resize(R, K);
+    for (int64_t i = 0; i < R; i++) {
+        const int64_t m = src[g.order[i]];
+        TORCH_CHECK(m >= 0 && m < M, "nexttok_q: source row ", m, " out of range");
+        out.copy_row(i, all, m);
+    }
+    return out;
+}
+
+// out[r] = q(x[src[r]]) · W_{expert[r]}ᵀ for R rows (R, N).
+at::Tensor moe_linear(const at::Tensor& x, const at::Tensor& expert, const at::Tensor& src, at::TensorList weights,
+                      at::IntArrayRef types, at::IntArrayRef rows, int64_t n_experts, int64_t isa) {
+    const int64_t K = input_width(x, PLAIN, "moe_linear");
+    gemm_for(isa);
+    const std::vector<int64_t> col0 = expert_columns(weights, types, rows, n_experts, K, "moe_linear");
+    auto ex = expert.to(at::kLong).contiguous(), sr = src.to(at::kLong).contiguous();
+    const int64_t R = ex.numel(), N = col0.back();
+    TORCH_CHECK(sr.numel() == R, "nexttok_q.moe_linear: one source row per expert row");
+    const Grouped g = group_by_expert(ex.data_ptr<int64_t>(), R, n_experts);
+    const QRows in = grouped_input(x, sr.data_ptr<int64_t>(), g, isa);
+    std::vector<float> grouped(R * N);
+    expert_gemm(in, g, weights, types, rows, col0, isa, grouped.data());
     auto out = at::empty({R, N}, x.options());
     float* op = out.data_ptr<float>();
-    for (int64_t i = 0; i < R; i++) memcpy(op + order[i] * N, &grouped[i * N], N * sizeof(float));
+    for (int64_t i = 0; i < R; i++) memcpy(op + g.order[i] * N, &grouped[i * N], N * sizeof(float));
+    return out;
+}
+
+// A mixture of experts' MLPs in one call: x (T, H), the router's ids and weights (T, k) ->
+// out (T, H) = Σ_j weights[t, j] · down_e(act(gate_up_e(x[t]) + b_e) ) + b'_e), e = ids[t, j]:
+// gate_up's parts give each expert's [gate | up] rows, down's its hidden rows; act is silu(gate)·up
+// (SILU_MUL) or gpt-oss's clamped gate·σ(alpha·gate)·(up + 1) (SWIGLU_OAI); biases optional. The
+// (token, expert) rows stay grouped by expert from the first product to the second.
+enum { SWIGLU_OAI = 3 };
+
+void activate(float* h, int64_t I, int64_t mode, double alpha, double limit, float* out) {
+    if (mode == SILU_MUL) {
+        prepare_row(h, I, SILU_MUL, out);
+        return;
+    }
+    const float a = (float)alpha, l = (float)limit;
+    for (int64_t i = 0; i < I; i++) {
+        const float g = std::min(h[i], l), u = std::max(std::min(h[I + i], l), -l);
+        out[i] = g / (1.0f + std::exp(-a * g)) * (u + 1.0f);
+    }
+}
+
+at::Tensor moe_mlp(const at::Tensor& x, const at::Tensor& ids, const at::Tensor& weights, at::TensorList gate_up,
+                   at::IntArrayRef gate_up_types, at::IntArrayRef gate_up_rows, at::TensorList down,
+                   at::IntArrayRef down_types, at::IntArrayRef down_rows, int64_t n_experts,
+                   const std::optional<at::Tensor>& gate_up_bias, const std::optional<at::Tensor>& down_bias,
+                   int64_t mode, double alpha, double limit, int64_t isa) {
+    const int64_t H = input_width(x, PLAIN, "moe_mlp"), T = x.size(0);
+    gemm_for(isa);
+    TORCH_CHECK(mode == SILU_MUL || mode == SWIGLU_OAI, "nexttok_q.moe_mlp: mode must be SILU_MUL or SWIGLU_OAI");
+    auto id = ids.to(at::kLong).contiguous();
+    auto w = weights.to(at::kFloat).contiguous();
+    TORCH_CHECK(id.dim() == 2 && id.size(0) == T && w.sizes() == id.sizes(), "nexttok_q.moe_mlp: ids and weights (T, k)");
+    const int64_t k = id.size(1), R = T * k;
+    const std::vector<int64_t> c1 = expert_columns(gate_up, gate_up_types, gate_up_rows, n_experts, H, "moe_mlp");
+    const int64_t I2 = c1.back(), I = I2 / 2;
+    const std::vector<int64_t> c2 = expert_columns(down, down_types, down_rows, n_experts, I, "moe_mlp");
+    TORCH_CHECK(c2.back() == H && I2 % 2 == 0, "nexttok_q.moe_mlp: down must give ", H, " values from ", I);
+    for (const auto* b : {&gate_up_bias, &down_bias})
+        if (b->has_value())
+            TORCH_CHECK((*b)->scalar_type() == at::kFloat && (*b)->is_contiguous() && (*b)->dim() == 2 &&
+                            (*b)->size(0) == n_experts,
+                        "nexttok_q.moe_mlp: biases are float32 (experts, width)");
+    const int64_t* ip = id.data_ptr<int64_t>();
+    const Grouped g = group_by_expert(ip, R, n_experts);
+    std::vector<int64_t> src(R);
+    for (int64_t r = 0; r < R; r++) src[r] = r / k;
+    const QRows in = grouped_input(x, src.data(), g, isa);
+    std::vector<float> h(R * I2);
+    expert_gemm(in, g, gate_up, gate_up_types, gate_up_rows, c1, isa, h.data());
+    QRows mid;
+    mid.resize(R, I);
+    const float* b1 = gate_up_bias.has_value() ? gate_up_bias->data_ptr<float>() : nullptr;
+    QuantFn qf = quant_for(isa);
+    at::parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
+        std::vector<float> a(I);
+        for (int64_t i = r0; i < r1; i++) {
+            float* row = &h[i * I2];
+            if (b1) {
+                const float* b = b1 + ip[g.order[i]] * I2;
+                for (int64_t c = 0; c < I2; c++) row[c] += b[c];
+            }
+            activate(row, I, mode, alpha, limit, a.data());
+            qf(a.data(), I, &mid.q[i * I], &mid.d[i * (I / 32)], &mid.s[i * (I / 16)], &mid.ds[i * (I / 32)]);
+        }
+    });
+    std::vector<float> y(R * H);
+    expert_gemm(mid, g, down, down_types, down_rows, c2, isa, y.data());
+    std::vector<int64_t> at_row(R);  // where each (token, choice) row ended up in group order
+    for (int64_t i = 0; i < R; i++) at_row[g.order[i]] = i;
+    const float* b2 = down_bias.has_value() ? down_bias->data_ptr<float>() : nullptr;
+    const float* wp = w.data_ptr<float>();
+    auto out = at::empty({T, H}, x.options());
+    float* op = out.data_ptr<float>();
+    at::parallel_for(0, T, 4, [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; t++) {
+            float* o = op + t * H;
+            for (int64_t c = 0; c < H; c++) o[c] = 0.0f;
+            for (int64_t j = 0; j < k; j++) {  // in the router's order, whatever the grouping
+                const float* yr = &y[at_row[t * k + j] * H];
+                const float* b = b2 ? b2 + ip[t * k + j] * H : nullptr;
+                const float wt = wp[t * k + j];
+                for (int64_t c = 0; c < H; c++) o[c] += wt * (b ? yr[c] + b[c] : yr[c]);
+            }
+        }
+    });
     return out;
 }
 
@@ -470,6 +597,9 @@ TORCH_LIBRARY(nexttok_q, m) {
     m.def("linear(Tensor x, Tensor[] weights, int[] types, int[] rows, Tensor? bias, int mode, int isa) -> Tensor");
     m.def("moe_linear(Tensor x, Tensor expert, Tensor src, Tensor[] weights, int[] types, int[] rows, int n_experts, "
           "int isa) -> Tensor");
+    m.def("moe_mlp(Tensor x, Tensor ids, Tensor weights, Tensor[] gate_up, int[] gate_up_types, int[] gate_up_rows, "
+          "Tensor[] down, int[] down_types, int[] down_rows, int n_experts, Tensor? gate_up_bias, Tensor? down_bias, "
+          "int mode, float alpha, float limit, int isa) -> Tensor");
     m.def("rms_norm(Tensor x, Tensor weight, float eps, float offset) -> Tensor");
     m.def("glu(Tensor x, int mode) -> Tensor");
     m.def("rope(Tensor x, Tensor cos, Tensor sin, int n) -> Tensor");
@@ -485,6 +615,7 @@ TORCH_LIBRARY_IMPL(nexttok_q, CPU, m) {
     m.impl("dequantize", &dequantize);
     m.impl("linear", &linear);
     m.impl("moe_linear", &moe_linear);
+    m.impl("moe_mlp", &moe_mlp);
     m.impl("rms_norm", &rms_norm);
     m.impl("glu", &glu);
     m.impl("rope", &rope);
