@@ -32,36 +32,43 @@ def _experts(kind: str, e: int, rows: int, k: int, seed: int) -> tuple[kernels.T
 
 @needs_kernels
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("kinds", [("Q8_0", "Q8_0"), ("Q4_K", "Q6_K"), ("Q4_0", "Q5_1")])
-def test_moe_linear_multiplies_each_row_by_its_expert_only(isa, kinds):
-    """Row r = q(x[src[r]]) · W_{expert[r]}ᵀ over two parts of mixed types, for routings with unused
-    experts, one expert taken by every row, and a row per expert; an expert no row takes may hold
-    anything (its tiles are not read: here, NaN)."""
-    e, k = 6, 512
-    (a, wa), (b, wb) = _experts(kinds[0], e, 16, k, 1), _experts(kinds[1], e, 24, k, 2)
-    a.tiles.view(e, -1)[5] = 0xFF  # expert 5's tiles: f16 scales of all ones bits are NaN
-    x = torch.randn(5, k, generator=torch.Generator().manual_seed(3))
-    for experts, src in ([[2, 0, 2, 4, 1], [0, 1, 2, 3, 4]], [[3] * 5, [4, 3, 2, 1, 0]], [[0, 1, 2, 3, 4, 0], [0] * 6]):
-        experts, src = torch.tensor(experts), torch.tensor(src)
-        y = kernels.moe_linear(x, experts, src, [a.tiles, b.tiles], [a.type_id, b.type_id], [16, 24], e, isa)
-        w = torch.cat((wa, wb), dim=1).double()[experts]  # (R, 40, k)
-        xq = quantized(x)[src]  # (R, k)
-        exact = torch.einsum("rk,rnk->rn", xq, w)
-        scale = torch.einsum("rk,rnk->rn", x[src].abs().double(), w.abs()).max()
-        assert y.shape == (len(experts), 40) and (y.double() - exact).abs().max() <= 1e-5 * scale
+def test_moe_mlp_reads_only_the_routed_experts(isa):
+    """Routings with unused experts, one expert taken by every token, and a token per expert: an
+    expert no token takes may hold anything (its tiles are not read: here, NaN scales), and each
+    token's output is its own experts' sum whatever the others' routing."""
+    e, hidden, inner = 6, 256, 32
+    gate, wg = _experts("Q8_0", e, inner, hidden, 1)
+    up, wu = _experts("Q4_0", e, inner, hidden, 2)
+    down, wd = _experts("Q8_0", e, hidden, inner, 3)
+    for part in (gate, up, down):
+        part.tiles.view(e, -1)[5] = 0xFF  # expert 5's f16 scales: all ones bits, NaN
+    block = BlockExperts([gate, up], [down], e, isa, ("silu", 1.702, 7.0))
+    x = torch.randn(5, hidden, generator=torch.Generator().manual_seed(3))
+    weights = torch.rand(5, 2)
+    for ids in ([[2, 0], [2, 4], [1, 3], [0, 1], [4, 2]], [[3, 3]] * 5, [[0, 1], [2, 3], [4, 0], [1, 2], [3, 4]]):
+        ids = torch.tensor(ids)
+        got = block(x, Routing(ids, weights, torch.rand(5, e)))
+        assert torch.isfinite(got).all()
+        for t in range(5):  # each token alone: the same bits
+            alone = block(x[t : t + 1], Routing(ids[t : t + 1], weights[t : t + 1], torch.rand(1, e)))
+            assert torch.equal(alone[0], got[t])
+            expected = sum(weights[t, j].double() * (quantized(_swiglu((quantized(x[t : t + 1]) @ torch.cat(
+                (wg[g], wu[g])).double().T).float())) @ wd[g].double().T)[0] for j, g in enumerate(ids[t]))
+            assert (got[t].double() - expected).abs().max() <= 1e-4 * expected.abs().max()
 
 
 @needs_kernels
-def test_moe_linear_errors_are_one_line():
-    a, _ = _experts("Q8_0", 2, 8, 64, 0)
+def test_moe_mlp_errors_are_one_line():
+    gate, _ = _experts("Q8_0", 2, 32, 64, 0)
+    down, _ = _experts("Q8_0", 2, 64, 32, 0)
     x = torch.randn(1, 64)
-    for experts, message in (([2], r"expert 2 out of range 0..1"), ([-1], r"expert -1 out of range")):
+    for ids, message in (([[2]], r"expert 2 out of range 0..1"), ([[-1]], r"expert -1 out of range")):
         with pytest.raises(RuntimeError, match=message) as error:
-            kernels.moe_linear(x, torch.tensor(experts), torch.tensor([0]), [a.tiles], [a.type_id], [8], 2, 0)
+            kernels.moe_mlp(x, torch.tensor(ids), torch.ones(1, 1), [gate, gate], [down], 2, 0)
         assert "\n" not in str(error.value).split("\n\n")[0]
+    odd, _ = _experts("Q8_0", 2, 6, 64, 0)
     with pytest.raises(RuntimeError, match="must be whole tiles of 8"):
-        b, _ = _experts("Q8_0", 2, 6, 64, 0)
-        kernels.moe_linear(x, torch.tensor([0]), torch.tensor([0]), [b.tiles], [b.type_id], [6], 2, 0)
+        kernels.moe_mlp(x, torch.tensor([[0]]), torch.ones(1, 1), [odd, odd], [down], 2, 0)
 
 
 @needs_kernels

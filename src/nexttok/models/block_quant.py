@@ -147,7 +147,7 @@ class BlockExperts(nn.Module):
         self.num_experts, self.isa = num_experts, isa
         self.mode, self.alpha, self.limit = self.MODES[activation[0]], float(activation[1]), float(activation[2])
         self.hidden, self.inner = gate_up[0].k, down[0].k
-        self.gate_up = BlockLinear(gate_up, isa)  # the tiles and their types; run only through moe_mlp
+        self.gate_up = BlockLinear(gate_up, isa)  # the tiles and their types (run only through moe_mlp)
         self.down = BlockLinear(down, isa)
         self.gate_up_proj_bias = None if gate_up_bias is None else nn.Parameter(gate_up_bias.float(),
                                                                                  requires_grad=False)

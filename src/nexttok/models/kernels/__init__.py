@@ -8,9 +8,9 @@
                        the sums (optionally of act(gate)·up)
     mm(act, parts)     y (M, N) = x · Wᵀ over such tiles, several parts of mixed types at once
     linear(x, parts)   quantize and mm in one call (+ bias; optionally of act(gate)·up)
-    moe_linear(x, ...) each row times the weights of the expert it was routed to, reading only the
-                       experts some row uses, each once (mixtures of experts); moe_mlp the whole
-                       experts' MLP (gate_up, activation, down, the router-weighted sum) in one call
+    moe_mlp(x, ...)    a mixture of experts' MLPs in one call (gate_up, activation, down, the
+                       router-weighted sum), each token through its routed experts only, each
+                       expert's weights read once for all of its tokens
     dequantize(...)    rows of a tiled weight as float32 (embedding lookups, checks, viewers)
     attend(q, k, v)    one new query per row over the cached keys (decode's attention; sinks optional)
     rms_norm, glu, rope  the float32 steps around the matmuls, one call each instead of the 4-10
@@ -235,13 +235,6 @@ def moe_mlp(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_up: 
                                        down_bias, mode, alpha, limit, isa)
 
 
-def moe_linear(x: torch.Tensor, experts: torch.Tensor, src: torch.Tensor, tiles: list[torch.Tensor],
-               types: list[int], rows: list[int], n_experts: int, isa: int) -> torch.Tensor:
-    """(R, N) float32: row r = q(x[src[r]]) · W_{experts[r]}ᵀ, W_e expert e's rows of every part (a
-    part: n_experts × rows[p] rows tiled, rows[p] a multiple of 8). x (M, K) contiguous float32."""
-    return torch.ops.nexttok_q.moe_linear(x, experts, src, tiles, types, rows, n_experts, isa)
-
-
 def dequantize(weight: Tiled, rows: torch.Tensor) -> torch.Tensor:
     """Rows (n,) of a tiled weight as float32 (n, k): exactly the file's values."""
     return torch.ops.nexttok_q.dequantize(weight.tiles, weight.type_id, weight.rows, rows, weight.k)
@@ -279,10 +272,6 @@ def _register_fakes() -> None:
     @torch.library.register_fake("nexttok_q::rope")
     def _(x, cos, sin, n):
         return x.new_empty((*x.shape[:2], n, x.shape[3]))
-
-    @torch.library.register_fake("nexttok_q::moe_linear")
-    def _(x, expert, src, weights, types, rows, n_experts, isa):
-        return x.new_empty((expert.numel(), sum(rows)))
 
     @torch.library.register_fake("nexttok_q::moe_mlp")
     def _(x, ids, weights, gate_up, gt, gr, down, dt, dr, n_experts, gb, db, mode, alpha, limit, isa):

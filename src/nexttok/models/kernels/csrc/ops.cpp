@@ -337,25 +337,6 @@ QRows grouped_input(const at::Tensor& x, const int64_t* src, const Grouped& g, i
     return out;
 }
 
-// out[r] = q(x[src[r]]) · W_{expert[r]}ᵀ for R rows (R, N).
-at::Tensor moe_linear(const at::Tensor& x, const at::Tensor& expert, const at::Tensor& src, at::TensorList weights,
-                      at::IntArrayRef types, at::IntArrayRef rows, int64_t n_experts, int64_t isa) {
-    const int64_t K = input_width(x, PLAIN, "moe_linear");
-    gemm_for(isa);
-    const std::vector<int64_t> col0 = expert_columns(weights, types, rows, n_experts, K, "moe_linear");
-    auto ex = expert.to(at::kLong).contiguous(), sr = src.to(at::kLong).contiguous();
-    const int64_t R = ex.numel(), N = col0.back();
-    TORCH_CHECK(sr.numel() == R, "nexttok_q.moe_linear: one source row per expert row");
-    const Grouped g = group_by_expert(ex.data_ptr<int64_t>(), R, n_experts);
-    const QRows in = grouped_input(x, sr.data_ptr<int64_t>(), g, isa);
-    std::vector<float> grouped(R * N);
-    expert_gemm(in, g, weights, types, rows, col0, isa, grouped.data());
-    auto out = at::empty({R, N}, x.options());
-    float* op = out.data_ptr<float>();
-    for (int64_t i = 0; i < R; i++) memcpy(op + g.order[i] * N, &grouped[i * N], N * sizeof(float));
-    return out;
-}
-
 // A mixture of experts' MLPs in one call: x (T, H), the router's ids and weights (T, k) ->
 // out (T, H) = Σ_j weights[t, j] · down_e(act(gate_up_e(x[t]) + b_e) ) + b'_e), e = ids[t, j]:
 // gate_up's parts give each expert's [gate | up] rows, down's its hidden rows; act is silu(gate)·up
@@ -595,8 +576,6 @@ TORCH_LIBRARY(nexttok_q, m) {
     m.def("unpack(Tensor w, int type, int n, Tensor rows, int k) -> Tensor");
     m.def("dequantize(Tensor w, int type, int n, Tensor rows, int k) -> Tensor");
     m.def("linear(Tensor x, Tensor[] weights, int[] types, int[] rows, Tensor? bias, int mode, int isa) -> Tensor");
-    m.def("moe_linear(Tensor x, Tensor expert, Tensor src, Tensor[] weights, int[] types, int[] rows, int n_experts, "
-          "int isa) -> Tensor");
     m.def("moe_mlp(Tensor x, Tensor ids, Tensor weights, Tensor[] gate_up, int[] gate_up_types, int[] gate_up_rows, "
           "Tensor[] down, int[] down_types, int[] down_rows, int n_experts, Tensor? gate_up_bias, Tensor? down_bias, "
           "int mode, float alpha, float limit, int isa) -> Tensor");
@@ -614,7 +593,6 @@ TORCH_LIBRARY_IMPL(nexttok_q, CPU, m) {
     m.impl("unpack", &unpack);
     m.impl("dequantize", &dequantize);
     m.impl("linear", &linear);
-    m.impl("moe_linear", &moe_linear);
     m.impl("moe_mlp", &moe_mlp);
     m.impl("rms_norm", &rms_norm);
     m.impl("glu", &glu);
