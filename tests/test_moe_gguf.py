@@ -120,3 +120,52 @@ def test_what_gguf_cannot_hold_is_refused_in_one_line(tmp_path, name, changes, m
     with pytest.raises(GGUFError, match=message) as error:
         write_gguf(tmp_path, tmp_path / "m.gguf")
     assert "\n" not in str(error.value)
+
+
+HARMONY = ["<|endoftext|>", "<|return|>", "<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call|>"]
+
+
+def test_gpt_oss_gguf_stops_where_llama_cpp_does(tmp_path):
+    """A GGUF holds one eos id (<|return|>); the harmony template's other end tokens (<|call|>,
+    <|endoftext|>) stop generation too, and <|end|>, which closes the analysis channel, does not."""
+    import json
+    from pathlib import Path
+
+    write_tiny("gpt_oss", tmp_path)
+    write_tiny_tokenizer(tmp_path)
+    tokenizer = json.loads((tmp_path / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"]
+    ids = {text: 14 + i for i, text in enumerate(HARMONY)}  # over control characters 14..20
+    for text, i in ids.items():
+        del vocab[next(t for t, j in vocab.items() if j == i)]
+        vocab[text] = i
+    tokenizer["added_tokens"] = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+                                  "normalized": False, "special": True} for t, i in ids.items()]
+    (tmp_path / "tokenizer.json").write_text(json.dumps(tokenizer))
+    template = (Path(__file__).parent / "templates" / "openai-gpt-oss-120b.jinja").read_text()
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template, "eos_token": "<|return|>"}))
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "eos_token_id": ids["<|return|>"]}))
+    checkpoint = load_checkpoint(write_gguf(tmp_path, tmp_path / "m.gguf"))
+    stops = checkpoint.model.config.eos_token_id
+    assert {ids[t] for t in ("<|return|>", "<|call|>", "<|endoftext|>")} <= set(stops)
+    assert ids["<|end|>"] not in stops
+    rendered = checkpoint.chat_template.render([{"role": "user", "content": "Hi"}], add_generation_prompt=True)
+    assert rendered.endswith("<|start|>assistant")
+
+
+@pytest.mark.skipif(not kernels.available(), reason="no C++ compiler: the kernels are not built")
+@torch.inference_mode()
+def test_mxfp4_experts_as_gpt_oss_ships_them(written):
+    """gpt-oss ships its experts in MXFP4: written so (the gguf package's quantizer), they run on the
+    block kernels and agree with the same file dequantized and with HF (a 4-bit format: looser)."""
+    hf, path = written("gpt_oss", "MXFP4")
+    shipped, dequantized = load_model(path), load_model(path, dtype="float32")
+    experts = [m for m in shipped.modules() if isinstance(m, BlockExperts)]
+    assert experts and experts[0].gate_up.kinds == ["MXFP4", "MXFP4"] and experts[0].down.kinds == ["MXFP4"]
+    assert weight_bytes(shipped) <= 1.1 * path.stat().st_size
+    ids = _ids(16, seed=6)
+    got, ref, expected = shipped(ids), dequantized(ids), hf(ids).logits
+    kl = torch.nn.functional.kl_div
+    assert kl(got.log_softmax(-1), ref.log_softmax(-1), log_target=True, reduction="none").sum(-1).mean() <= 1e-3
+    assert kl(got.log_softmax(-1), expected.log_softmax(-1), log_target=True, reduction="none").sum(-1).mean() <= 1e-2

@@ -72,6 +72,26 @@ def test_greedy_tokens_equal_plain_decoding(target, chat_model_dir, drafter_kind
         assert 0 < total.accepted <= total.drafted
 
 
+@pytest.mark.parametrize("name", ["qwen3_moe", "gpt_oss"])
+def test_greedy_speculation_on_a_mixture_of_experts_equals_plain_decoding(tmp_path, name):
+    """A verify pass routes its k + 1 rows through the experts together (grouped by expert), a plain
+    step one row: the same tokens (gpt-oss: sinks and sliding windows over the drafted rows too)."""
+    from tiny_models import write_tiny, write_tiny_tokenizer
+
+    write_tiny(name, tmp_path)
+    write_tiny_tokenizer(tmp_path)
+    checkpoint = load_checkpoint(tmp_path)
+    model, tokenizer = checkpoint.model, checkpoint.tokenizer
+    total = Rounds()
+    for prompt in PROMPTS[:5]:
+        plain = generate(model, tokenizer, prompt, GREEDY, max_tokens=32, stop_token_ids=[])
+        steps = list(speculative_stream(model, tokenizer, prompt, GREEDY, NgramDrafter(), k=4, rounds=total,
+                                        max_tokens=32, stop_token_ids=[]))
+        assert [s.token_id for s in steps] == plain.token_ids, prompt
+        assert [s.logprob for s in steps] == pytest.approx([s.logprob for s in plain.steps], abs=1e-4)
+    assert total.drafted > 0
+
+
 def test_a_draw_at_a_drafted_position_follows_the_models_distribution(target):
     """The accept/reject rule (take the draft with probability p(draft), else draw from p without
     it) leaves each token's frequency at p: chi-square over 20,000 draws, with top-k cutting most

@@ -73,13 +73,13 @@ def load_checkpoint(source: str | Path, *, dtype: str | None = None, device: str
         give_back_freed_memory()
         model = _gguf_model(gguf, dtype, device)
         del gguf
+        if template is not None:  # a file holds one eos id; the template knows the rest (gpt-oss: <|call|>, ...)
+            _add_stop_ids(model, [tokenizer.token_to_id(t) for t in template.stop_texts])
     else:
         model = _directory_model(path, dtype, device)
         tokenizer = from_directory(path)
         template = ChatTemplate.from_directory(path)
-        for i in read_generation_stop_ids(path):
-            if i not in model.config.eos_token_id:
-                model.config.eos_token_id.append(i)
+        _add_stop_ids(model, read_generation_stop_ids(path))
     if tokenizer.vocab_size > model.config.vocab_size:
         raise CheckpointError(f"tokenizer has {tokenizer.vocab_size} ids but the model only "
                               f"{model.config.vocab_size} embeddings")
@@ -90,6 +90,13 @@ def load_checkpoint(source: str | Path, *, dtype: str | None = None, device: str
             print(f"nexttok: --compile: {e}", file=sys.stderr)
     give_back_freed_memory()
     return Checkpoint(model, tokenizer, template, path)
+
+
+def _add_stop_ids(model: Model, ids: list[int | None]) -> None:
+    """More ids that end generation (generation_config.json's, a template's end tokens), each once."""
+    for i in ids:
+        if i is not None and i not in model.config.eos_token_id:
+            model.config.eos_token_id.append(i)
 
 
 def give_back_freed_memory() -> None:

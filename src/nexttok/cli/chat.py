@@ -142,9 +142,10 @@ class ChatSession:
         self.sampling = {n: getattr(params, n) for n in SAMPLING}
         self.max_tokens = _check_max_tokens(args.max_tokens, self.context)
         self.stop_ids = list(self.model.config.eos_token_id)
-        eot = self.tokenizer.token_to_id(checkpoint.chat_template.eos_token or "")  # e.g. <|im_end|>
-        if eot is not None and eot not in self.stop_ids:
-            self.stop_ids.append(eot)
+        for text in checkpoint.chat_template.stop_texts:  # e.g. <|im_end|>; gpt-oss's <|return|>, <|call|>
+            eot = self.tokenizer.token_to_id(text)
+            if eot is not None and eot not in self.stop_ids:
+                self.stop_ids.append(eot)
 
     def repl(self) -> int:
         """Read, answer, repeat, until /bye or Ctrl-D."""
