@@ -5,6 +5,7 @@ Qwen3-30B-A3B with fewer layers to fit the machine), in Q4_0 or Q8_0 blocks.
     python bench/moe.py                                 # OLMoE-1B-7B shape, Q4_0, 3 rounds
     python bench/moe.py --shape qwen3-30b-a3b --layers 16 --kind Q8_0
     python bench/moe.py --llama-bin ~/.cache/nexttok-ref/llama.cpp/build-avx2/bin
+    python bench/moe.py --file path/to/any.gguf     # an existing file instead (dense ones too)
 
 llama.cpp's tools come from ../shared/tools/build-llama-cpp.sh (bench-only). The engines take
 turns, round after round (the host's speed drifts by ±20% within minutes): each round runs
@@ -134,14 +135,17 @@ def decode_bytes(path: Path) -> tuple[int, int]:
 
     reader = GGUFReader(str(path))
     arch = reader.fields["general.architecture"].contents()
-    k, e = (int(reader.fields[f"{arch}.{n}"].contents()) for n in ("expert_used_count", "expert_count"))
+    counts = [reader.fields.get(f"{arch}.{n}") for n in ("expert_used_count", "expert_count")]
+    k, e = (int(c.contents()) for c in counts) if all(counts) else (1, 1)  # a dense file: every tensor read
     read = total = 0
+    names = {t.name for t in reader.tensors}
     for t in reader.tensors:
         total += int(t.n_bytes)
         if "_exps." in t.name:
             read += int(t.n_bytes) * k // e
         elif t.name == "token_embd.weight":
-            read += int(t.n_bytes) // int(t.shape[-1])  # one row
+            row = int(t.n_bytes) // int(t.shape[-1])  # ggml order: (hidden, vocab); one row per token
+            read += row if "output.weight" in names else int(t.n_bytes)  # a tied output layer reads it all
         else:
             read += int(t.n_bytes)
     return read, total

@@ -217,3 +217,30 @@ def test_experts_are_stacked_from_per_expert_tensors_in_order():
     parts = experts.checkpoint_parts("gate_up_proj")
     assert parts[:3] == [("0.gate_proj.weight", (32, 64)), ("0.up_proj.weight", (32, 64)), ("1.gate_proj.weight", (32, 64))]
     assert len(parts) == 16 and experts.checkpoint_parts("down_proj")[7] == ("7.down_proj.weight", (64, 32))
+
+
+@pytest.mark.parametrize("name", ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gpt_oss", "glm4_moe", "granitemoe"])
+def test_nexttok_run_on_each_family_as_a_new_user_would(tmp_path, capsys, name):
+    """What the issue found refused: `nexttok run DIR` on a tiny random checkpoint of each family
+    now generates (--json: one Step a token, the same tokens as the library's greedy loop)."""
+    import json
+
+    from nexttok.cli import main
+    from nexttok.generation.loop import generate
+    from nexttok.generation.sampling import SamplingParams
+    from tiny_models import write_tiny_tokenizer
+
+    write_tiny(name, tmp_path)
+    write_tiny_tokenizer(tmp_path)
+    assert main(["run", str(tmp_path), "Hello there", "--temperature", "0", "--max-tokens", "6", "--json"]) == 0
+    steps = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    checkpoint = load_checkpoint_for(tmp_path)
+    expected = generate(checkpoint.model, checkpoint.tokenizer, "Hello there", SamplingParams(temperature=0),
+                        max_tokens=6)
+    assert [s["token_id"] for s in steps] == expected.token_ids
+
+
+def load_checkpoint_for(directory):
+    from nexttok.checkpoints.loading import load_checkpoint
+
+    return load_checkpoint(directory)
