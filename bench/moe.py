@@ -240,7 +240,8 @@ def report(args, path: Path) -> None:
     read, total = decode_bytes(path)
     bw = bandwidth()
     layers = args.layers or SHAPES[args.shape]["layers"]
-    print(f"shape {args.shape} ({layers} layers), {args.kind}, {args.threads} threads, kernels {kernels.describe()}")
+    what = f"shape {args.shape} ({layers} layers), {args.kind}" if not args.file else f"{args.file.name}"
+    print(f"{what}, {args.threads} threads, kernels {kernels.describe()}")
     print(f"a decode step reads {read / 1e6:.0f} MB of the file's {total / 1e6:.0f} MB of tensors; read bandwidth "
           f"{bw / 1e9:.1f} GB/s -> roofline {bw / read:.1f} tokens/s")
     context = multiprocessing.get_context("spawn")
