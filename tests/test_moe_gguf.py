@@ -169,3 +169,34 @@ def test_mxfp4_experts_as_gpt_oss_ships_them(written):
     kl = torch.nn.functional.kl_div
     assert kl(got.log_softmax(-1), ref.log_softmax(-1), log_target=True, reduction="none").sum(-1).mean() <= 1e-3
     assert kl(got.log_softmax(-1), expected.log_softmax(-1), log_target=True, reduction="none").sum(-1).mean() <= 1e-2
+
+
+def test_a_block_type_nothing_runs_is_one_line_naming_it_and_the_tensor(tmp_path, monkeypatch, capsys):
+    """A tensor in a type neither the kernels nor the gguf package can read (Q8_1 here) fails the
+    load in one line naming the tensor and the type, from the library and from the CLI."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, quants
+
+    from nexttok.checkpoints import export
+    from nexttok.cli import main
+
+    write_tiny("qwen3_moe", tmp_path)
+    write_tiny_tokenizer(tmp_path)
+    plain = export._write_tensor
+
+    def odd_one(writer, name, array, kind):
+        if name != "blk.1.attn_q.weight":
+            return plain(writer, name, array, kind)
+        size = quants.GGML_QUANT_SIZES[GGMLQuantizationType.Q8_1][1]
+        raw = np.zeros((array.shape[0], array.shape[1] // 32 * size), dtype=np.uint8)
+        writer.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=GGMLQuantizationType.Q8_1)
+
+    monkeypatch.setattr(export, "_write_tensor", odd_one)
+    path = write_gguf(tmp_path, tmp_path / "odd.gguf", "Q8_0")
+    with pytest.raises(GGUFError, match=r"GGUF tensor 'model.layers.1.self_attn.q_proj.weight' \(Q8_1\)") as error:
+        load_model(path)
+    assert "\n" not in str(error.value)
+    capsys.readouterr()  # what writing the checkpoint printed
+    assert main(["run", str(path), "hi"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Q8_1" in err and "Traceback" not in err
