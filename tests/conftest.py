@@ -314,3 +314,20 @@ def spm_variant_files(trained_spm_json, tmp_path_factory) -> dict[str, Path]:
         paths[name] = folder / f"{name}.json"
         paths[name].write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
     return paths
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    """name -> (HF model, ours, checkpoint directory) of a tiny_models spec, each written once per module."""
+    from nexttok.checkpoints.loading import load_model
+    from tiny_models import write_tiny
+
+    made = {}
+
+    def get(name):
+        if name not in made:
+            directory = tmp_path_factory.mktemp(name)
+            made[name] = (write_tiny(name, directory), load_model(directory), directory)
+        return made[name]
+
+    return get

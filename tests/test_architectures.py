@@ -27,20 +27,6 @@ LONGROPE = ["phi3_longrope", "phi3_partial_rotary_tied"]
 ORIGINAL = 32  # original_max_position_embeddings of the LongRoPE specs
 
 
-@pytest.fixture(scope="module")
-def pairs(tmp_path_factory):
-    """name -> (HF model, ours, checkpoint directory), each written once for the module."""
-    made = {}
-
-    def get(name):
-        if name not in made:
-            directory = tmp_path_factory.mktemp(name)
-            made[name] = (write_tiny(name, directory), load_model(directory), directory)
-        return made[name]
-
-    return get
-
-
 def _ids(n: int, seed: int = 1, batch: int = 1) -> torch.Tensor:
     return torch.randint(0, VOCAB, (batch, n), generator=torch.Generator().manual_seed(seed))
 

@@ -9,7 +9,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nexttok.checkpoints.loading import load_model
 from nexttok.models import kernels
 from nexttok.models.attention import ALL, AttentionCapture, attend
 from nexttok.models.block_quant import BlockExperts
@@ -132,19 +131,6 @@ def test_decode_kernel_takes_attention_sinks():
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
         torch.testing.assert_close(attend(q, k, v, ALL, sinks=sinks), expected, atol=1e-5, rtol=0)
         torch.testing.assert_close(kernels.attend(q, k, v), F.scaled_dot_product_attention(q, kh, vh), atol=1e-5, rtol=0)
-
-
-@pytest.fixture(scope="module")
-def pairs(tmp_path_factory):
-    made = {}
-
-    def get(name):
-        if name not in made:
-            directory = tmp_path_factory.mktemp(name)
-            made[name] = (write_tiny(name, directory), load_model(directory), directory)
-        return made[name]
-
-    return get
 
 
 @pytest.mark.parametrize("name", MOE)

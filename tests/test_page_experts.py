@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+import test_page_early as page_early
 from nexttok.lesson.experts import expert_facts
 from test_lesson_experts import write_moe_checkpoint
 
@@ -28,12 +29,7 @@ def moe_live(request, tmp_path_factory):
 
 
 def _page(browser, server, width: int = 1280):
-    page = browser.new_page(viewport={"width": width, "height": 1000})
-    errors: list[str] = []
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(server.url + "/")
-    page.wait_for_selector("#dials[data-ready] #temperature")
+    page, errors = page_early._page(browser, server, width)  # the page loaded, its errors collected
     page.fill("#prompt", "the router picks")
     page.click("#start")
     page.wait_for_selector("#tokens .chip.prompt")

@@ -133,7 +133,9 @@ def write_tiny_tokenizer(directory: Path, vocab_size: int = VOCAB) -> None:
     model to have a tokenizer a GGUF carries (llama.cpp wants merges)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    by_byte = _byte_chars()
+    from nexttok.tokenizers.tokenizer import bytes_to_unicode
+
+    by_byte = bytes_to_unicode()
     vocab = {by_byte[b]: b for b in range(vocab_size)}
     merges = [("t", "h"), ("h", "e"), ("i", "n"), ("e", "r"), ("a", "n"), ("r", "e"), ("o", "n"), ("a", "t")]
     for i, (a, b) in enumerate(merges, start=1):
@@ -143,19 +145,6 @@ def write_tiny_tokenizer(directory: Path, vocab_size: int = VOCAB) -> None:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.save(str(directory / "tokenizer.json"))
-
-
-def _byte_chars() -> dict[int, str]:
-    """GPT-2's byte → printable character map (bytes_to_unicode)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return chars
 
 
 def write_tiny_with_gpt2_tokenizer(name: str, directory: Path, gpt2_dir: Path, seed: int = 0):
