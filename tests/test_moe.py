@@ -230,3 +230,26 @@ def load_checkpoint_for(directory):
     from nexttok.checkpoints.loading import load_checkpoint
 
     return load_checkpoint(directory)
+
+
+@torch.inference_mode()
+def test_glm4_moe_checkpoint_with_next_token_prediction_layers_loads_as_hf_does(tmp_path):
+    """GLM-4.5's checkpoints carry num_nextn_predict_layers extra layers past num_hidden_layers (for
+    the model's own speculative decoding): left unread, as HF transformers leaves them; any other
+    stray tensor is still refused by name."""
+    from safetensors.torch import load_file, save_file
+
+    from nexttok.checkpoints.loading import load_model
+    from nexttok.models.config import CheckpointError
+
+    hf = write_tiny("glm4_moe", tmp_path)
+    path = tmp_path / "model.safetensors"
+    tensors = load_file(str(path))
+    extra = {"model.layers.3.eh_proj.weight": torch.randn(64, 128), "model.layers.3.enorm.weight": torch.ones(64),
+             "model.layers.3.mlp.experts.0.up_proj.weight": torch.randn(32, 64)}
+    save_file({**tensors, **extra}, str(path), metadata={"format": "pt"})
+    ids = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(load_model(tmp_path)(ids), hf(ids).logits, atol=1e-4, rtol=0)
+    save_file({**tensors, **extra, "model.mystery.weight": torch.ones(3)}, str(path), metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=r"1 tensors this architecture does not use: model.mystery.weight$"):
+        load_model(tmp_path)
