@@ -68,7 +68,6 @@ def test_the_grid_outlines_the_experts_each_step_chose(browser, moe_live):
     assert int(page.get_attribute("#moe-speed", "data-total")) == facts.total
     assert int(page.get_attribute("#moe-speed", "data-active")) == facts.active
     assert page.locator("#moe-grid tr").count() == 0  # no step yet
-    shown = []
     for _ in range(3):
         view = _step(page)
         grid = _grid(page)
@@ -82,9 +81,10 @@ def test_the_grid_outlines_the_experts_each_step_chose(browser, moe_live):
             weights = dict(zip(r["ids"], r["weights"], strict=True))
             assert all(w == weights[i] and label == f"{weights[i]:.2f}" for i, w, label in row["chosen"])
             assert row["probs"] == r["probs"]  # every expert's score shades its cell
-        shown.append({layer: sorted(c[0] for c in grid[layer]["chosen"]) for layer in routed})
         assert f"Step {view['step']['index'] + 1}: the router's choice" in page.inner_text("#moe-caption")
-    assert len({str(s) for s in shown}) > 1  # the choice changes from token to token, and the grid with it
+    # each grid is the one of its step (_step waits for the grid tagged with the step's node) and equals
+    # that step's JSON; whether the choice changes between steps is the random model's business (a tiny
+    # model repeating one token may route it the same way three times)
     page.click('#tree span[data-node="0"]')  # back at the prompt: no step shown, no grid
     page.wait_for_function("document.querySelectorAll('#moe-grid tr').length === 0")
     assert not errors, errors
