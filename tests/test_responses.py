@@ -91,8 +91,13 @@ def test_a_function_call_and_its_output_round_trip(client):
     assert call.arguments == chat.choices[0].message.tool_calls[0].function.arguments
     events = list(client.responses.create(model=MODEL, input=ask, tools=[TOOL], tool_choice="required",
                                           max_output_tokens=60, temperature=0, stream=True))
-    assert [e.type for e in events] == TEXT_EVENTS[:2] + CALL_EVENTS + ["response.completed"]
-    assert events[3].delta == call.arguments
+    # the arguments stream as they are generated: several deltas, joined the call's arguments
+    kinds = [e.type for e in events]
+    deltas = kinds.count("response.function_call_arguments.delta")
+    assert deltas > 1 and kinds == TEXT_EVENTS[:2] + CALL_EVENTS[:1] + CALL_EVENTS[1:2] * deltas + CALL_EVENTS[2:] + \
+        ["response.completed"]
+    assert "".join(e.delta for e in events if e.type.endswith("arguments.delta")) == call.arguments
+    assert events[-1].response.output[0].arguments == call.arguments and events[2].item.name == call.name
     follow = [*ask, {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
               {"type": "function_call_output", "call_id": call.call_id, "output": "It is Paris."}]
     answer = client.responses.create(model=MODEL, input=follow, tools=[TOOL], tool_choice="none",
@@ -172,3 +177,34 @@ def test_bad_requests_name_the_field(client, body, param):
     response = _post(client, {"model": MODEL, "input": "Hi", **body})
     assert response.status_code in (400, 404), response.text
     assert response.json()["error"]["param"] == param
+
+
+def _steps(pieces: list[str], finish: str) -> list:
+    from nexttok.generation.loop import Step
+
+    return [Step(i, 0, text, text, 0.0, 1, [], [], None, 0.0, i == 0, finish if i == len(pieces) - 1 else None)
+            for i, text in enumerate(pieces)]
+
+
+def test_a_tool_reply_streams_its_text_or_its_call_as_generated():
+    """ResponseEvents with tools: a {"response": ...} streams as a message, delta by delta; a call
+    cut by max_output_tokens closes "incomplete" with the arguments it had (what was sent)."""
+    from nexttok.server.responses_items import ResponseBuilder
+    from nexttok.server.responses_stream import ResponseEvents
+
+    def run(pieces, finish):
+        events = ResponseEvents(ResponseBuilder("m", {}, True, None, None), 7)
+        out = events.opening()
+        for step in _steps(pieces, finish):
+            out += events.step(step)
+        return out + events.closing(), events.final
+
+    kinds, final = run(['{"resp', 'onse": "hi', ' th\\u00e9', 're"}'], "stop")
+    texts = [e["delta"] for e in kinds if e["type"] == "response.output_text.delta"]
+    assert texts == ["hi", " thé", "re"] and final["output"][0]["content"][0]["text"] == "hi thére"
+    assert [e["type"] for e in kinds][2:4] == TEXT_EVENTS[2:4] and kinds[-1]["type"] == "response.completed"
+    kinds, final = run(['{"tool_calls": [{"name": "pick_city", "arguments": {"ci', 'ty": "Pa'], "length")
+    (item,) = final["output"]
+    assert item["status"] == "incomplete" and item["arguments"] == '{"city": "Pa' and final["status"] == "incomplete"
+    assert [e["delta"] for e in kinds if e["type"].endswith("arguments.delta")] == ['{"ci', 'ty": "Pa']
+    assert [e["type"] for e in kinds][-3:] == CALL_EVENTS[2:] + ["response.incomplete"]

@@ -229,6 +229,12 @@ def test_deprecated_functions_answer_with_function_call(client):
     assert choice.finish_reason == "function_call" and choice.message.tool_calls is None
     assert choice.message.function_call.name == "pick_city"
     assert json.loads(choice.message.function_call.arguments)["city"] in ("Paris", "Rome")
+    chunks = list(client.chat.completions.create(model=MODEL, messages=ASK, functions=[CITY], stream=True,
+                                                 function_call={"name": "pick_city"}, max_tokens=60, temperature=0))
+    pieces = [c.choices[0].delta.function_call for c in chunks if c.choices and c.choices[0].delta.function_call]
+    assert pieces[0].name == "pick_city" and len(pieces) > 1  # the arguments in pieces, as generated
+    assert "".join(p.arguments or "" for p in pieces) == choice.message.function_call.arguments
+    assert chunks[-1].choices[0].finish_reason == "function_call"
 
 
 def test_one_tool_call_unless_parallel_is_asked_for(client):

@@ -53,12 +53,15 @@ def test_streamed_tool_call_and_the_tool_message_round_trip(client, tiny_live):
     chunks = list(client.chat.completions.create(
         model="tiny", messages=ASK, tools=[WEATHER], tool_choice="required", temperature=0.8, seed=1,
         max_tokens=200, stream=True))
-    calls = [c for chunk in chunks for c in (chunk.choices[0].delta.tool_calls or []) if chunk.choices]
+    pieces = [c for chunk in chunks for c in (chunk.choices[0].delta.tool_calls or []) if chunk.choices]
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
-    assert calls and calls[0].index == 0
+    assert pieces and pieces[0].index == 0 and pieces[0].id and pieces[0].function.name == "get_weather"
+    # the arguments arrive as they are generated, in many deltas (OpenAI's way); joined, they are the call
+    assert len([p for p in pieces if p.function.arguments]) > 1 and all(p.id is None for p in pieces[1:])
+    arguments = "".join(p.function.arguments or "" for p in pieces)
     plain = client.chat.completions.create(model="tiny", messages=ASK, tools=[WEATHER], tool_choice="required",
                                            temperature=0.8, seed=1, max_tokens=200)
-    assert [(c.function.name, c.function.arguments) for c in calls] == \
+    assert [("get_weather", arguments)] == \
         [(c.function.name, c.function.arguments) for c in plain.choices[0].message.tool_calls]
     call = plain.choices[0].message.tool_calls[0]
     follow = ASK + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
@@ -122,3 +125,34 @@ def test_reply_schema_and_reading():
     assert read_reply('{ "response" : "sunny, \\"warm') == ('sunny, "warm', [])
     merged = with_tools([{"role": "system", "content": "Be brief."}, *ASK], tools, "auto")
     assert merged[0]["content"].startswith("Be brief.\n\nYou can call these tools:") and len(merged) == 2
+
+
+def test_reply_stream_reads_calls_and_text_as_they_are_written():
+    """tools.ReplyStream over any cut of a reply into pieces: each call opens once its name is whole,
+    its arguments arrive as the raw JSON written (joined: read_reply's arguments, escapes, nesting and
+    brackets inside strings included), and a {"response": ...} streams its text unescaped."""
+    import random
+
+    from nexttok.generation.tools import ReplyStream, read_reply
+
+    calls = ('{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Pa\\"ris]}", "n": [1, {"x": "}"}],'
+             ' "ok": true, "u": "\\u00e9"}}, {"name": "f2", "arguments": {}}]}')
+    text = '{"response": "h\\u00e9llo \\ud83d\\ude00 \\"q\\" \\n done"}'
+    rng = random.Random(0)
+    for _ in range(100):
+        for reply in (calls, text):
+            stream, events, at = ReplyStream(), [], 0
+            while at < len(reply):
+                step = rng.randint(1, 6)
+                events += stream.feed(reply[at : at + step])
+                at += step
+            content, expected = read_reply(reply)
+            args = {}
+            for e in events:
+                if e.kind == "arguments":
+                    args[e.index] = args.get(e.index, "") + e.text
+            assert [args.get(i) for i in range(len(expected))] == [c["function"]["arguments"] for c in expected]
+            assert [e.kind for e in events if e.kind in ("call", "call_done")] == ["call", "call_done"] * len(expected)
+            assert [stream.calls[i].name for i in range(len(expected))] == [c["function"]["name"] for c in expected]
+            assert "".join(e.text for e in events if e.kind == "content") == (content or "")
+    assert json.loads(read_reply(calls)[1][0]["function"]["arguments"])["city"] == 'Pa"ris]}'

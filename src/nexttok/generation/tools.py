@@ -124,22 +124,181 @@ def with_tools(messages: list[dict], tools: list[Tool], choice: str | Tool) -> l
 
 
 def read_reply(text: str) -> tuple[str | None, list[dict]]:
-    """(content, tool_calls) of a reply in the generic format, as OpenAI returns them. A reply cut
-    short (max_tokens) never shows the format's JSON: a cut call is no content and no call, a cut
-    {"response": ...} its text so far.
+    """(content, tool_calls) of a reply in the generic format, as OpenAI returns them: each call's
+    arguments are the JSON text the model wrote (what a stream sends in pieces: ReplyStream). A
+    reply cut short (max_tokens) never shows the format's JSON: a cut call is no content and no
+    call, a cut {"response": ...} its text so far.
     read_reply('{"response": "hi"}') == ("hi", []); read_reply('{"response": "hi th') == ("hi th", [])"""
     try:
         reply = json.loads(text)
     except ValueError:
         return _cut_reply(text), []
     if isinstance(reply, dict) and isinstance(reply.get("tool_calls"), list):
-        return None, [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                       "function": {"name": call["name"], "arguments": json.dumps(call["arguments"],
-                                                                                  ensure_ascii=False)}}
-                      for call in reply["tool_calls"]]
+        stream = ReplyStream()
+        stream.feed(text)
+        return None, [call.openai() for call in stream.calls]
     if isinstance(reply, dict) and isinstance(reply.get("response"), str):
         return reply["response"], []
     return text, []
+
+
+@dataclass
+class StreamedCall:
+    """A tool call as a stream reads it: its index among the reply's calls, an id, its name (once
+    read whole) and its arguments' JSON text so far."""
+
+    index: int
+    id: str
+    name: str | None = None
+    arguments: str = ""
+    done: bool = False
+
+    def openai(self) -> dict:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass(frozen=True)
+class ReplyEvent:
+    """What a piece of reply text added: kind "content" (text of {"response": ...}, unescaped),
+    "call" (call `index` has its name: a call begins), "arguments" (a piece of call `index`'s
+    arguments JSON, as written) or "call_done"."""
+
+    kind: str
+    index: int = 0
+    text: str = ""
+
+
+class ReplyStream:
+    """The generic format read as it is generated, a piece of text at a time: what a stream can send
+    before the reply is whole. The grammar holds the reply to the format, so a small JSON scanner
+    (strings, escapes, nesting, commas) finds the response text and each call's name and arguments;
+    the arguments are passed on as the raw JSON text the model writes (concatenated: the arguments
+    read_reply gives).
+
+        stream = ReplyStream(); stream.feed('{"tool_calls": [{"name": "f", "argum')
+        -> [ReplyEvent("call", 0)];  stream.feed('ents": {"a": 1}}]}')
+        -> [ReplyEvent("arguments", 0, '{"a": 1}'), ReplyEvent("call_done", 0)]
+    """
+
+    def __init__(self):
+        self.calls: list[StreamedCall] = []
+        self._stack: list[list] = []  # per open container: [kind "{" or "[", its key or item index, value pending]
+        self._string: list[str] | None = None  # the string being read (raw), None outside strings
+        self._escape = False
+        self._capture: int | None = None  # the depth a call's arguments opened at; -1: just closed
+        self._content = _Unescaper()
+
+    def feed(self, text: str) -> list[ReplyEvent]:
+        events: list[ReplyEvent] = []
+        for ch in text:
+            self._char(ch, events)
+        return _merged(events)
+
+    def _path(self) -> list:
+        return [frame[1] for frame in self._stack]
+
+    def _char(self, ch: str, events: list[ReplyEvent]) -> None:
+        captured = self._capture is not None
+        if self._string is not None:
+            self._in_string(ch, events)
+        elif ch == '"':
+            self._string, self._escape = [], False
+        elif ch in "{[":
+            self._open(ch)
+        elif ch in "}]":
+            self._close()
+        elif ch == "," and self._stack:
+            top = self._stack[-1]
+            if top[0] == "[":
+                top[1] += 1
+            else:
+                top[2] = False  # the value ended: a key comes next
+        if captured or self._capture is not None:
+            self._argument(ch, events)
+
+    def _in_string(self, ch: str, events: list[ReplyEvent]) -> None:
+        if self._escape:
+            self._escape = False
+        elif ch == "\\":
+            self._escape = True
+        elif ch == '"':
+            raw, self._string = "".join(self._string), None
+            self._string_done(raw, events)
+            return
+        self._string.append(ch)
+        if self._path() == ["response"] and self._stack[-1][2]:
+            events.extend(ReplyEvent("content", 0, t) for t in self._content.feed(ch))
+
+    def _string_done(self, raw: str, events: list[ReplyEvent]) -> None:
+        top = self._stack[-1] if self._stack else None
+        if top is not None and top[0] == "{" and not top[2]:  # a key: its value follows
+            top[1], top[2] = json.loads(f'"{raw}"'), True
+            return
+        path = self._path()
+        if len(path) == 3 and path[0] == "tool_calls" and path[2] == "name" and self._capture is None:
+            call = self._call(path[1])
+            call.name = json.loads(f'"{raw}"')
+            events.append(ReplyEvent("call", call.index))
+            if call.arguments:  # arguments written before the name (held until now)
+                events.append(ReplyEvent("arguments", call.index, call.arguments))
+
+    def _open(self, ch: str) -> None:
+        path = self._path()
+        if self._capture is None and len(path) == 3 and path[0] == "tool_calls" and path[2] == "arguments":
+            self._capture = len(self._stack)
+        self._stack.append([ch, 0 if ch == "[" else None, False])
+
+    def _close(self) -> None:
+        self._stack.pop()
+        if self._capture is not None and len(self._stack) == self._capture:
+            self._capture = -1  # the closing bracket still belongs to the arguments (_char passes it on)
+
+    def _argument(self, ch: str, events: list[ReplyEvent]) -> None:
+        call = self._call(self._path()[1])
+        call.arguments += ch
+        if call.name is not None:
+            events.append(ReplyEvent("arguments", call.index, ch))
+        if self._capture == -1:
+            self._capture, call.done = None, True
+            events.append(ReplyEvent("call_done", call.index))
+
+    def _call(self, index: int) -> StreamedCall:
+        while len(self.calls) <= index:
+            self.calls.append(StreamedCall(len(self.calls), f"call_{uuid.uuid4().hex[:24]}"))
+        return self.calls[index]
+
+
+class _Unescaper:
+    """A JSON string's characters, unescaped as they arrive (an escape is held until whole; a high
+    surrogate until its low one)."""
+
+    def __init__(self):
+        self.held = ""
+
+    def feed(self, ch: str) -> list[str]:
+        self.held += ch
+        if self.held.startswith("\\"):
+            if len(self.held) < 2 or (self.held[1] == "u" and len(self.held) < 6):
+                return []
+            if self.held[1] == "u" and 0xD800 <= int(self.held[2:6], 16) < 0xDC00 and len(self.held) < 12:
+                return []  # a high surrogate: wait for the low one
+        try:
+            text = json.loads(f'"{self.held}"')
+        except ValueError:
+            return []
+        self.held = ""
+        return [text]
+
+
+def _merged(events: list[ReplyEvent]) -> list[ReplyEvent]:
+    """Neighbouring pieces of the same kind and call as one event."""
+    out: list[ReplyEvent] = []
+    for e in events:
+        if out and e.kind in ("content", "arguments") and out[-1].kind == e.kind and out[-1].index == e.index:
+            out[-1] = ReplyEvent(e.kind, e.index, out[-1].text + e.text)
+        else:
+            out.append(e)
+    return out
 
 
 _CUT_RESPONSE = re.compile(r'\s*\{\s*"response"\s*:\s*"')

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from nexttok.generation.loop import Step
 from nexttok.generation.scoring import PromptScores
-from nexttok.generation.tools import read_reply
+from nexttok.generation.tools import ReplyEvent, ReplyStream, read_reply
 
 
 @dataclass
@@ -196,37 +196,61 @@ class ChatFormat(ResponseFormat):
 
 class ToolCallFormat(ChatFormat):
     """/v1/chat/completions with tools: the reply (JSON in tools.py's format) read back into
-    OpenAI's `tool_calls` (finish_reason "tool_calls") or `content`. A stream holds the JSON back
-    and sends the calls (or the content) in the choice's last chunk, once the reply is whole. A
-    reply cut by max_tokens ends with finish_reason "length" and never shows the JSON.
+    OpenAI's `tool_calls` (finish_reason "tool_calls") or `content`. A stream sends them as they
+    are generated (tools.ReplyStream): the response's text as content deltas, a call's id and name
+    once its name is written, then its arguments' JSON in pieces, as OpenAI streams
+    tool_calls[i].function.arguments. A reply cut by max_tokens ends with finish_reason "length"
+    (a non-streamed one never shows the JSON).
     legacy: the request used the deprecated `functions`: one `function_call`, finish_reason
     "function_call"."""
 
     def __init__(self, *args, legacy: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
-        self.held: dict[int, list[str]] = {}
+        self.streams: dict[int, ReplyStream] = {}
         self.legacy = legacy
 
-    def _calls(self, calls: list[dict], streamed: bool) -> tuple[dict, str]:
+    def _calls(self, calls: list[dict]) -> tuple[dict, str]:
         """(the message fields of the calls, the finish reason)."""
         if self.legacy:
             return {"function_call": calls[0]["function"]}, "function_call"
-        if streamed:
-            return {"tool_calls": [{"index": k, **call} for k, call in enumerate(calls)]}, "tool_calls"
         return {"tool_calls": calls}, "tool_calls"
 
     def choice(self, index: int, steps) -> dict:
         content, calls = read_reply("".join(s.text for s in steps))
-        fields, finish = self._calls(calls, False) if calls else ({}, steps[-1].finish_reason)
+        fields, finish = self._calls(calls) if calls else ({}, steps[-1].finish_reason)
         message = {"role": "assistant", "content": content, **fields}
         return {"index": index, "message": message, "logprobs": self._logprobs(steps), "finish_reason": finish}
 
     def step_chunk(self, index: int, step, offset: int) -> dict | None:
-        held = self.held.setdefault(index, [])
-        held.append(step.text)
-        if not step.finish_reason:
+        stream = self.streams.setdefault(index, ReplyStream())
+        delta = self._delta(stream, stream.feed(step.text))
+        finish = None
+        if step.finish_reason:
+            whole = step.finish_reason != "length"
+            finish = ("function_call" if self.legacy else "tool_calls") if stream.calls and whole else \
+                step.finish_reason
+        if not delta and finish is None:
             return None
-        content, calls = read_reply("".join(held))
-        delta, finish = self._calls(calls, True) if calls else ({"content": content}, step.finish_reason)
         choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
         return {**self._envelope(self.chunk_object), "choices": [choice]}
+
+    def _delta(self, stream: ReplyStream, events: list[ReplyEvent]) -> dict:
+        """One chunk's delta for what a step added: content, and each call's opening and argument pieces."""
+        delta: dict = {}
+        calls: dict[int, dict] = {}
+        for e in events:
+            if e.kind == "content":
+                delta["content"] = delta.get("content", "") + e.text
+            elif e.kind in ("call", "arguments"):
+                call = stream.calls[e.index]
+                item = calls.setdefault(e.index, {"index": e.index, "function": {}})
+                if e.kind == "call":
+                    item.update(id=call.id, type="function")
+                    item["function"].update(name=call.name, arguments="")
+                else:
+                    item["function"]["arguments"] = item["function"].get("arguments", "") + e.text
+        if calls and self.legacy:  # one function_call, no index or id
+            delta["function_call"] = next(iter(calls.values()))["function"]
+        elif calls:
+            delta["tool_calls"] = list(calls.values())
+        return delta
