@@ -10,6 +10,7 @@ COMMON = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attenti
               intermediate_size=96, max_position_embeddings=256)
 
 PHI3_IDS = dict(bos_token_id=1, eos_token_id=2, pad_token_id=0)  # Phi3Config's defaults lie outside VOCAB
+SMOLLM3_IDS = PHI3_IDS  # so do SmolLM3Config's
 PHI3_LONGROPE = dict(max_position_embeddings=64, original_max_position_embeddings=32, rope_scaling={
     "rope_type": "longrope", "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
     "long_factor": [1.2, 1.9, 2.8, 4.0, 5.5, 7.3, 9.4, 12.0]})
@@ -59,6 +60,25 @@ SPECS = {
         COMMON, num_key_value_heads=2, head_dim=32, sliding_window=6,
         layer_types=["full_attention", "sliding_attention"], query_pre_attn_scalar=24,
         final_logit_softcapping=3.0, attn_logit_softcapping=1.0, tie_word_embeddings=False)),
+    # dense families of 2025: NoPE layers (SmolLM3: every 2nd here; sliding where use_sliding_window),
+    # norms after the sublayers with q/k norms over all heads (OLMo 2/3; OLMo 3's sliding layers with
+    # their own RoPE, the full ones YaRN-scaled), Granite's multipliers, EXAONE 4 (per-head q/k norms,
+    # sliding layers with RoPE, global ones without)
+    "smollm3": ("SmolLM3Config", dict(COMMON, num_hidden_layers=4, num_key_value_heads=2, no_rope_layer_interval=2,
+                                      attention_bias=True, tie_word_embeddings=False, **SMOLLM3_IDS)),
+    "smollm3_sliding": ("SmolLM3Config", dict(COMMON, num_hidden_layers=3, num_key_value_heads=2, **SMOLLM3_IDS,
+                                              no_rope_layer_interval=3, use_sliding_window=True, sliding_window=5)),
+    "olmo2": ("Olmo2Config", dict(COMMON, num_key_value_heads=2, eos_token_id=2, pad_token_id=1)),
+    "olmo3": ("Olmo3Config", dict(
+        COMMON, num_hidden_layers=3, num_key_value_heads=2, sliding_window=5, eos_token_id=2, pad_token_id=1,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 500.0},
+                         "full_attention": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                                            "original_max_position_embeddings": 32}})),
+    "granite": ("GraniteConfig", dict(COMMON, num_key_value_heads=2, embedding_multiplier=3.0, residual_multiplier=0.4,
+                                      attention_multiplier=0.15, logits_scaling=2.5, attention_bias=True)),
+    "exaone4": ("Exaone4Config", dict(COMMON, num_hidden_layers=3, num_key_value_heads=2, sliding_window=5,
+                                      sliding_window_pattern=3)),
     # mixtures of experts (models/moe.py): each family's router, a dense layer where the family has
     # them, and what else differs (shared experts, biases, sinks, windows, multipliers)
     "qwen3_moe": ("Qwen3MoeConfig", dict(

@@ -55,6 +55,7 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     sliding_window: int | None = None
     layer_types: list[str] = field(default_factory=list)  # "full_attention" | "sliding_attention"
+    no_rope_layers: list[int] = field(default_factory=list)  # per layer 1: RoPE, 0: none (SmolLM3); []: all RoPE
     # mixture of experts (moe.py); num_experts 0: every layer's MLP is dense
     num_experts: int = 0
     num_experts_per_tok: int = 0
@@ -108,6 +109,9 @@ class ModelConfig:
         if len(self.layer_types) != self.num_hidden_layers:
             raise ConfigError(f"layer_types has {len(self.layer_types)} entries for "
                               f"{self.num_hidden_layers} layers")
+        if self.no_rope_layers and (len(self.no_rope_layers) != self.num_hidden_layers
+                                    or set(self.no_rope_layers) - {0, 1}):
+            raise ConfigError(f"no_rope_layers must be 0 or 1 for each of {self.num_hidden_layers} layers")
         bad = set(self.layer_types) - {"full_attention", "sliding_attention"}
         if bad:
             raise ConfigError(f"layer_types entries {sorted(bad)} are not supported")
@@ -295,6 +299,28 @@ def _longrope(params: dict, hf: dict) -> dict:
             "long_factor": [float(x) for x in params["long_factor"]],
             "original_max_position_embeddings": original,
             "factor": params.get("factor"), "attention_factor": params.get("attention_factor")}
+
+
+def layer_type_rope(hf: dict, kinds: tuple[str, ...], theta: float, local_theta: float
+                    ) -> tuple[float, dict | None, float]:
+    """(global theta, global scaling, local theta) of a family whose sliding and full layers turn
+    at rates of their own (Gemma 3, OLMo 3): transformers 5's rope_parameters per layer type, or
+    4's rope_theta + rope_scaling (global layers only); theta and local_theta are the defaults. The
+    local layers' RoPE takes no scaling."""
+    params = hf.get("rope_parameters") or {}
+    if "full_attention" in params or "sliding_attention" in params:
+        full = dict(params.get("full_attention") or {})
+        local = dict(params.get("sliding_attention") or {})
+    else:
+        full = dict(hf.get("rope_scaling") or {})
+        local = {}
+    full.setdefault("rope_theta", hf.get("rope_theta", theta))
+    local.setdefault("rope_theta", local_theta)
+    theta, scaling = rope_scaling(full, kinds, hf)
+    local_theta, local_scaling = rope_scaling(local, kinds, hf)
+    if local_scaling is not None:
+        raise ConfigError("RoPE scaling of sliding_attention layers is not supported")
+    return theta, scaling, local_theta
 
 
 def sparse_layers(layers: int, *, every: int = 1, dense: list[int] | tuple[int, ...] = (), first_dense: int = 0

@@ -27,7 +27,7 @@ from torch import nn
 
 from nexttok.models import llama, qwen3
 from nexttok.models.architecture import Architecture, GGUFLayout, GGUFMeta
-from nexttok.models.config import ROPE_TYPES, ConfigError, ModelConfig, check_act, rope_scaling
+from nexttok.models.config import ConfigError, ModelConfig, check_act, layer_type_rope
 from nexttok.models.decoder import LlamaLayout
 from nexttok.models.fused import FusedLinear
 from nexttok.models.rope import rope_inverse_frequencies
@@ -144,6 +144,9 @@ MULTIMODAL = (". 'gemma3' is the multimodal Gemma 3 (4B and up); text-only Gemma
               "(model_type gemma3_text: gemma-3-270m, gemma-3-1b) are supported")
 
 
+ROPE_TYPES_NO_YARN = ("default", "linear", "llama3")
+
+
 def fields(hf: dict) -> dict:
     """Gemma 3 text. Defaults are Gemma3TextConfig's. attn_logit_softcapping is ignored, as HF
     transformers' Gemma 3 ignores it (Gemma 3 replaced attention soft-capping by q/k norms)."""
@@ -155,7 +158,7 @@ def fields(hf: dict) -> dict:
         raise ConfigError(f"sliding_window_pattern must be a positive integer, got {pattern!r}")
     layer_types = hf.get("layer_types") or [
         "full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]
-    theta, scaling, local_theta = _rope(hf)
+    theta, scaling, local_theta = layer_type_rope(hf, ROPE_TYPES_NO_YARN, 1e6, hf.get("rope_local_base_freq", 10000.0))
     bias = bool(hf.get("attention_bias", False))
     return dict(
         vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], num_hidden_layers=layers,
@@ -169,28 +172,6 @@ def fields(hf: dict) -> dict:
         attention_bias=bias, o_proj_bias=bias, tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
         sliding_window=hf.get("sliding_window", 4096), layer_types=layer_types,
     )
-
-
-GEMMA3_ROPE_TYPES = tuple(k for k in ROPE_TYPES if k != "yarn")
-
-
-def _rope(hf: dict) -> tuple[float, dict | None, float]:
-    """(global theta, global scaling, local theta): transformers 5's rope_parameters per layer
-    type, or 4's rope_theta + rope_scaling (global layers only) and rope_local_base_freq."""
-    params = hf.get("rope_parameters") or {}
-    if "full_attention" in params or "sliding_attention" in params:
-        full = dict(params.get("full_attention") or {})
-        local = dict(params.get("sliding_attention") or {})
-    else:
-        full = dict(hf.get("rope_scaling") or {})
-        local = {}
-    full.setdefault("rope_theta", hf.get("rope_theta", 1e6))
-    local.setdefault("rope_theta", hf.get("rope_local_base_freq", 10000.0))
-    theta, scaling = rope_scaling(full, GEMMA3_ROPE_TYPES, hf)
-    local_theta, local_scaling = rope_scaling(local, GEMMA3_ROPE_TYPES, hf)
-    if local_scaling is not None:
-        raise ConfigError("RoPE scaling of sliding_attention layers is not supported")
-    return theta, scaling, local_theta
 
 
 # The file holds no local RoPE theta and no layer pattern; llama.cpp hard-codes them

@@ -53,7 +53,8 @@ class Attention(nn.Module):
         ONE_TENSOR  the checkpoint stores q, k and v as one tensor (Phi-3), not three
         q_scale     q is multiplied by this: the kernels scale scores by 1/√head_dim, a family that
                     scales otherwise (Gemma 3, Granite) makes up the difference here
-        rotary_dim  RoPE turns the first rotary_dim dimensions of each head, the rest pass (Phi-4, GLM-4)
+        rotary_dim  RoPE turns the first rotary_dim dimensions of each head, the rest pass (Phi-4, GLM-4);
+                    use_rope: none at all on this layer (SmolLM3's and EXAONE 4's NoPE layers)
         sinks       a learned logit per head that joins each softmax and takes a share of it (gpt-oss)
         window      sliding-window layers attend over the last `window` keys only
     """
@@ -81,6 +82,7 @@ class Attention(nn.Module):
             self.q_norm = self.NORM(q_rows if whole else self.head_dim, config.norm_eps)
             self.k_norm = self.NORM(kv_rows if whole else self.head_dim, config.norm_eps)
         self.rotary_dim = config.rotary_dim
+        self.use_rope = not config.no_rope_layers or bool(config.no_rope_layers[layer_idx])  # SmolLM3's NoPE layers
         multiplier = config.attention_multiplier
         self.q_scale = 1.0 if multiplier is None else multiplier * math.sqrt(self.head_dim)
         self.sinks = nn.Parameter(torch.empty(self.n_head)) if config.attention_sinks else None
@@ -114,6 +116,8 @@ class Attention(nn.Module):
 
     def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """RoPE on heads x (B, T, H, hd): the first rotary_dim dimensions turn, the rest pass through."""
+        if not self.use_rope:
+            return x
         r = self.rotary_dim
         if r == self.head_dim:
             return apply_rope(x, cos, sin)

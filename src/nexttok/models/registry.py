@@ -25,11 +25,28 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from nexttok.models import gemma3, glm4_moe, gpt2, gpt_oss, granitemoe, llama, mixtral, olmoe, phi3, qwen3, qwen_moe
+from nexttok.models import (
+    exaone4,
+    gemma3,
+    glm4_moe,
+    gpt2,
+    gpt_oss,
+    granite,
+    granitemoe,
+    llama,
+    mixtral,
+    olmo2,
+    olmoe,
+    phi3,
+    qwen3,
+    qwen_moe,
+    smollm3,
+)
 from nexttok.models.architecture import Architecture
 from nexttok.models.config import ConfigError, ModelConfig, eos_token_ids, optional_int
 
-FAMILIES = (gpt2, llama, qwen3, phi3, gemma3, qwen_moe, mixtral, olmoe, gpt_oss, glm4_moe, granitemoe)
+FAMILIES = (gpt2, llama, qwen3, phi3, gemma3, smollm3, olmo2, granite, exaone4, qwen_moe, mixtral, olmoe, gpt_oss,
+            glm4_moe, granitemoe)
 ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for family in FAMILIES for a in family.ARCHITECTURES}
 # the first family of each GGUF architecture reads its files (llama's config function says "mixtral"
 # where a llama file has experts)
