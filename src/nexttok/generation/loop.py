@@ -107,6 +107,11 @@ class Generation:
         return len(self.prompt_ids) + len(self.tokens)
 
     @property
+    def stop_sequence(self) -> str | None:
+        """The stop string that ended this generation (None: it ended otherwise, or has not)."""
+        return self.held.matched
+
+    @property
     def chain(self) -> SamplerChain:
         """This generation's sampler chain (its penalties' history: the prompt and each token taken)."""
         if self.sampler is None:
@@ -196,13 +201,15 @@ class StopStrings:
     def __init__(self, stops: Sequence[str]):
         self.stops = [s for s in stops if s]
         self.pending = ""
+        self.matched: str | None = None  # the stop string that completed, once one has
 
     def feed(self, text: str) -> tuple[str, bool]:
         """(text safe to release, whether a stop string completed)."""
         self.pending += text
-        found = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        found = [(at, s) for at, s in ((self.pending.find(s), s) for s in self.stops) if at >= 0]
         if found:
-            released, self.pending = self.pending[: min(found)], ""
+            at, self.matched = min(found, key=lambda hit: hit[0])  # the first to start; list order breaks ties
+            released, self.pending = self.pending[:at], ""
             return released, True
         hold = max((k for s in self.stops for k in range(len(s) - 1, 0, -1)
                     if self.pending.endswith(s[:k])), default=0)

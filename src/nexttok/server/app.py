@@ -1,10 +1,11 @@
 """The OpenAI-compatible HTTP server (FastAPI), wired from the modules beside this one.
 
 Routes: POST /v1/completions, POST /v1/chat/completions (completions.py), POST /v1/responses and
-GET/DELETE /v1/responses/{id} (responses_api.py), POST /v1/embeddings (embeddings.py), GET /v1/models (and /{model}),
+GET/DELETE /v1/responses/{id} (responses_api.py), POST /v1/messages and /v1/messages/count_tokens
+(Anthropic's Messages API, anthropic.py), POST /v1/embeddings (embeddings.py), GET /v1/models (and /{model}),
 POST /tokenize, POST /detokenize, GET /health, GET /metrics (routes.py), the explainer page and its
 API (explainer.py). Errors use OpenAI's shape {"error": {"message", "type", "param", "code"}}
-(errors.py); client mistakes are 4xx, never 500.
+(errors.py), Anthropic's on its routes; client mistakes are 4xx, never 500.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from nexttok.generation.loop import context_window
+from nexttok.server.anthropic import install_anthropic_routes
 from nexttok.server.auth import install_api_key
 from nexttok.server.completions import install_generation_routes
 from nexttok.server.embeddings import install_embedding_routes
@@ -56,6 +58,7 @@ def create_app(models: list[ServedModel], *, api_key: str | None = None,
     install_generation_routes(app)
     install_embedding_routes(app)
     install_responses_routes(app)
+    install_anthropic_routes(app)
     install_explainer(app, lambda name: find_served(app.state.models, name))
     app.openapi = lambda: openapi_spec(app, api_key is not None)
     return app

@@ -1,4 +1,5 @@
-"""The API key: every path but the open ones needs `Authorization: Bearer KEY` when a key is set."""
+"""The API key: every path but the open ones needs it when a key is set, sent as
+`Authorization: Bearer KEY` (OpenAI's clients) or `x-api-key: KEY` (Anthropic's)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import hmac
 
 from fastapi import FastAPI, Request
 
-from nexttok.server.errors import error_response
+from nexttok.server.errors import error_shape
 
 OPEN_PATHS = {"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/"}  # and /static/...
 
@@ -24,9 +25,16 @@ def bearer_token(authorization: str) -> str | None:
     return token if scheme.lower() == "bearer" and token else None
 
 
+def given_keys(headers) -> list[str]:
+    """The keys a request sends: its Bearer token and its x-api-key header, those present:
+    given_keys({"x-api-key": "sk-1"}) -> ["sk-1"]."""
+    keys = [bearer_token(headers.get("authorization", "")), headers.get("x-api-key", "").strip()]
+    return [key for key in keys if key]
+
+
 def install_api_key(app: FastAPI, api_key: str | None) -> None:
     """Refuse requests without the key (401, with the WWW-Authenticate challenge RFC 7235 requires);
-    no key: everything is open."""
+    no key: everything is open. Either header may carry it."""
     if not api_key:
         return
     expected = api_key.encode()
@@ -35,14 +43,15 @@ def install_api_key(app: FastAPI, api_key: str | None) -> None:
     async def check_key(request: Request, call_next):
         if not needs_key(request.url.path):
             return await call_next(request)
-        token = bearer_token(request.headers.get("authorization", ""))
-        if token is not None and hmac.compare_digest(token.encode(), expected):  # constant time
+        keys = given_keys(request.headers)
+        if any(hmac.compare_digest(key.encode(), expected) for key in keys):  # constant time
             return await call_next(request)
-        if token is None:
-            response = error_response(401, "Missing API key: send the header Authorization: Bearer KEY",
-                                      code="invalid_api_key")
+        shape = error_shape(request.app, request.url.path)
+        if not keys:
+            response = shape.response(401, "Missing API key: send the header Authorization: Bearer KEY "
+                                      "or x-api-key: KEY", code="invalid_api_key")
             response.headers["WWW-Authenticate"] = "Bearer"
         else:
-            response = error_response(401, "Incorrect API key provided", code="invalid_api_key")
+            response = shape.response(401, "Incorrect API key provided", code="invalid_api_key")
             response.headers["WWW-Authenticate"] = 'Bearer error="invalid_token"'  # RFC 6750 §3
         return response

@@ -135,7 +135,21 @@ async def _chat(served: ServedModel, body: ChatRequest):
 def chat_plan(served: ServedModel, body: ChatRequest, max_calls: int | None = None
               ) -> tuple[list[int], GenerationPlan, list[Tool]]:
     """(prompt ids, generation plan, tools the reply may call) of a chat request; /v1/responses
-    makes one of these too (max_calls: its max_tool_calls, calls per reply when parallel)."""
+    and /v1/messages make one of these too (max_calls: calls per reply when parallel)."""
+    ids, body, tools, choice = chat_prompt(served, body)
+    ids = _prompt_ids(served, ids)
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    plan = GenerationPlan.of(body, max_tokens, top_n=(body.top_logprobs or 0) if body.logprobs else 0)
+    if tools:
+        # one call per reply unless the request asks for more (llama.cpp's default too)
+        plan = replace(plan, schema=reply_schema(tools, choice, body.parallel_tool_calls is True, max_calls))
+    return ids, plan, tools
+
+
+def chat_prompt(served: ServedModel, body: ChatRequest) -> tuple[list[int], ChatRequest, list[Tool], str | Tool]:
+    """(token ids of the prompt the chat template renders, tools' system prompt included, not yet
+    checked against the context window; the request with the deprecated functions as tools; the
+    tools the reply may call; tool_choice): what Anthropic's count_tokens counts."""
     if served.chat_template is None:
         raise APIError(400, f"model {served.name!r} has no chat template; use /v1/completions",
                        param="messages", code="no_chat_template")
@@ -153,13 +167,7 @@ def chat_plan(served: ServedModel, body: ChatRequest, max_calls: int | None = No
         messages = with_tools(messages, tools, choice)
         if served.chat_template.accepts_tools:
             extra["tools"] = body.tools
-    ids = _prompt_ids(served, served.tokenizer.encode(served.chat_template.render(messages, **extra)))
-    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    plan = GenerationPlan.of(body, max_tokens, top_n=(body.top_logprobs or 0) if body.logprobs else 0)
-    if tools:
-        # one call per reply unless the request asks for more (llama.cpp's default too)
-        plan = replace(plan, schema=reply_schema(tools, choice, body.parallel_tool_calls is True, max_calls))
-    return ids, plan, tools
+    return served.tokenizer.encode(served.chat_template.render(messages, **extra)), body, tools, choice
 
 
 async def _respond(served: ServedModel, body: SamplingFields, jobs: Sequence[tuple[list[int], int]],

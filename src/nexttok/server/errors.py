@@ -1,15 +1,23 @@
 """Errors in OpenAI's shape: {"error": {"message", "type", "param", "code"}}, and the handlers that
-turn every exception a request can raise into one (client mistakes are 4xx, never 500)."""
+turn every exception a request can raise into one (client mistakes are 4xx, never 500). Another
+API's routes (Anthropic's /v1/messages) answer in that API's own shape: each registers an
+ErrorShape for its paths in app.state.error_shapes, and every handler here writes in the shape
+of the path it answers."""
 
 from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from nexttok.errors import InvalidParameter
 from nexttok.server.scheduler import GenerationFailed, QueueFull, RequestTimeout, ShuttingDown
+from nexttok.server.schemas import ErrorResponse
 from nexttok.tokenizers.chat_template import ChatTemplateError
 
 
@@ -22,15 +30,52 @@ class APIError(Exception):
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
 
 
-def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
-                   kind: str = "invalid_request_error") -> JSONResponse:
-    """error_response(404, "no such model", "model") -> JSONResponse with OpenAI's error body."""
-    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
-    return JSONResponse(body, status_code=status)
+@dataclass(frozen=True)
+class ErrorShape:
+    """How one API writes an error: its body from (status, message, param, code, OpenAI's type),
+    the status it answers with where that differs (statuses: Anthropic says 529 where OpenAI says
+    429), and the body's schema for /openapi.json."""
+
+    body: Callable[[int, str, str | None, str | None, str], dict]
+    schema: type[BaseModel]
+    statuses: Mapping[int, int] = field(default_factory=dict)
+
+    def status(self, status: int) -> int:
+        return self.statuses.get(status, status)
+
+    def response(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error") -> JSONResponse:
+        status = self.status(status)
+        return JSONResponse(self.body(status, message, param, code, kind), status_code=status)
+
+
+def openai_error(status: int, message: str, param: str | None, code: str | None, kind: str) -> dict:
+    """openai_error(404, "no such model", "model", None, "invalid_request_error")
+    -> {"error": {"message": "no such model", "type": "invalid_request_error", "param": "model", "code": None}}."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+OPENAI_ERRORS = ErrorShape(openai_error, ErrorResponse)
+
+
+def error_shape(app, path: str) -> ErrorShape:
+    """The shape of errors on `path`: that of the API whose prefix it has (app.state.error_shapes:
+    {"/v1/messages": ...}), else OpenAI's."""
+    for prefix, shape in getattr(app.state, "error_shapes", {}).items():
+        if path == prefix or path.startswith(prefix + "/"):
+            return shape
+    return OPENAI_ERRORS
+
+
+def request_error(request: Request, status: int, message: str, param: str | None = None, code: str | None = None,
+                  kind: str = "invalid_request_error") -> JSONResponse:
+    """An error response in the shape of the API the request went to."""
+    return error_shape(request.app, request.url.path).response(status, message, param, code, kind)
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """Every exception a route can raise, as an OpenAI-shaped error response."""
+    """Every exception a route can raise, as an error response in its API's shape (OpenAI's but
+    where another API registered its paths)."""
     _install_request_errors(app)
     _install_scheduler_errors(app)
 
@@ -38,47 +83,47 @@ def install_error_handlers(app: FastAPI) -> None:
 def _install_request_errors(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError):
-        return error_response(e.status, e.message, e.param, e.code, e.kind)
+        return request_error(request, e.status, e.message, e.param, e.code, e.kind)
 
     @app.exception_handler(InvalidParameter)
     async def invalid_parameter(request: Request, e: InvalidParameter):
-        return error_response(400, str(e), e.param, e.code)
+        return request_error(request, 400, str(e), e.param, e.code)
 
     @app.exception_handler(ChatTemplateError)
     async def chat_template(request: Request, e: ChatTemplateError):
-        return error_response(400, str(e), "messages")
+        return request_error(request, 400, str(e), "messages")
 
     @app.exception_handler(RequestValidationError)
     async def validation(request: Request, e: RequestValidationError):
         message, param = describe_validation(e.errors(), request.headers.get("content-type"))
-        return error_response(400, message, param)
+        return request_error(request, 400, message, param)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException):
         message = f"no route {request.method} {request.url.path}" if e.status_code in (404, 405) else str(e.detail)
         code = {404: "not_found", 413: "body_too_large"}.get(e.status_code)
-        return error_response(e.status_code, message, code=code)
+        return request_error(request, e.status_code, message, code=code)
 
 
 def _install_scheduler_errors(app: FastAPI) -> None:
     @app.exception_handler(QueueFull)
     async def queue_full(request: Request, e: QueueFull):
-        response = error_response(429, f"server busy: {e}; retry shortly", code="queue_full",
-                                  kind="rate_limit_error")
+        response = request_error(request, 429, f"server busy: {e}; retry shortly", code="queue_full",
+                                 kind="rate_limit_error")
         response.headers["Retry-After"] = "1"
         return response
 
     @app.exception_handler(RequestTimeout)
     async def timeout(request: Request, e: RequestTimeout):
-        return error_response(504, str(e), code="timeout", kind="timeout_error")
+        return request_error(request, 504, str(e), code="timeout", kind="timeout_error")
 
     @app.exception_handler(GenerationFailed)
     async def generation_failed(request: Request, e: GenerationFailed):
-        return error_response(500, str(e), code="generation_failed", kind="server_error")
+        return request_error(request, 500, str(e), code="generation_failed", kind="server_error")
 
     @app.exception_handler(ShuttingDown)
     async def shutting_down(request: Request, e: ShuttingDown):
-        return error_response(503, str(e), code="shutting_down", kind="server_error")
+        return request_error(request, 503, str(e), code="shutting_down", kind="server_error")
 
 
 def describe_validation(errors: list[dict], content_type: str | None = None) -> tuple[str, str | None]:

@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from nexttok.generation.prefill import BLOCK
-from nexttok.server.errors import error_response
+from nexttok.server.errors import ErrorShape, error_shape
 
 
 @dataclass
@@ -58,10 +58,11 @@ class BodyLimit:
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None:
+            shape = error_shape(scope["app"], scope["path"])  # the shape of the API the path is in
             if not declared.isdigit():
-                return await error_response(400, "Content-Length is not a number")(scope, receive, send)
+                return await shape.response(400, "Content-Length is not a number")(scope, receive, send)
             if int(declared) > self.max_bytes:
-                return await _too_large(self.max_bytes)(scope, receive, send)
+                return await _too_large(self.max_bytes, shape)(scope, receive, send)
         seen = 0
 
         async def counted():
@@ -76,5 +77,5 @@ class BodyLimit:
         await self.app(scope, counted, send)
 
 
-def _too_large(limit: int) -> JSONResponse:
-    return error_response(413, BodyTooLarge(limit).detail, code="body_too_large")
+def _too_large(limit: int, shape: ErrorShape) -> JSONResponse:
+    return shape.response(413, BodyTooLarge(limit).detail, code="body_too_large")

@@ -1,16 +1,17 @@
-"""The OpenAPI spec of the responses this server really gives: OpenAI-shaped errors (never
-FastAPI's 422), and server-sent events for streaming requests."""
+"""The OpenAPI spec of the responses this server really gives: each API's own error shape (OpenAI's,
+Anthropic's on its routes; never FastAPI's 422), and server-sent events for streaming requests."""
 
 from __future__ import annotations
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from nexttok.server import anthropic
 from nexttok.server.auth import needs_key
-from nexttok.server.schemas import ErrorResponse
+from nexttok.server.errors import OPENAI_ERRORS, ErrorShape, error_shape
 
 ERROR_RESPONSES = {
-    "400": "a parameter is invalid (the error names it as `param`), or the body is empty, not valid JSON or "
+    "400": "a parameter is invalid (the error names it), or the body is empty, not valid JSON or "
            "not sent as Content-Type: application/json",
     "401": "the API key is missing or wrong",
     "404": "unknown model or explainer session",
@@ -20,7 +21,8 @@ ERROR_RESPONSES = {
     "503": "the server is shutting down",
     "504": "the request ran past the server's request timeout",
 }
-STREAMING_PATHS = ("/v1/completions", "/v1/chat/completions")
+CHUNKS = "data: {chunk} lines, then data: [DONE]"
+STREAMING_PATHS = {"/v1/completions": CHUNKS, "/v1/chat/completions": CHUNKS, **anthropic.STREAMING_PATHS}
 
 
 def openapi_spec(app: FastAPI, with_auth: bool) -> dict:
@@ -29,26 +31,28 @@ def openapi_spec(app: FastAPI, with_auth: bool) -> dict:
         return app.openapi_schema
     schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
     components = schema.setdefault("components", {}).setdefault("schemas", {})
-    error_schema = ErrorResponse.model_json_schema(ref_template="#/components/schemas/{model}")
-    components.update(error_schema.pop("$defs", {}))
-    components["ErrorResponse"] = error_schema
+    for shape in [OPENAI_ERRORS, *getattr(app.state, "error_shapes", {}).values()]:
+        error_schema = shape.schema.model_json_schema(ref_template="#/components/schemas/{model}")
+        components.update(error_schema.pop("$defs", {}))
+        components[shape.schema.__name__] = error_schema
     for path, operations in schema.get("paths", {}).items():
         for operation in operations.values():
-            _fix_responses(path, operation.setdefault("responses", {}), with_auth)
+            _fix_responses(path, operation.setdefault("responses", {}), with_auth, error_shape(app, path))
     components.pop("HTTPValidationError", None)
     components.pop("ValidationError", None)
     app.openapi_schema = schema
     return schema
 
 
-def _fix_responses(path: str, responses: dict, with_auth: bool) -> None:
-    """One operation's responses: the errors it can give instead of 422; SSE where it streams."""
-    error_content = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
+def _fix_responses(path: str, responses: dict, with_auth: bool, shape: ErrorShape) -> None:
+    """One operation's responses: the errors it can give instead of 422, in its API's shape and
+    statuses; SSE where it streams."""
+    error_content = {"application/json": {"schema": {"$ref": f"#/components/schemas/{shape.schema.__name__}"}}}
     responses.pop("422", None)
     for code, description in ERROR_RESPONSES.items():
         if code == "401" and (not with_auth or not needs_key(path)):
             continue
-        responses[code] = {"description": description, "content": error_content}
+        responses[str(shape.status(int(code)))] = {"description": description, "content": error_content}
     if path in STREAMING_PATHS:
         responses["200"].setdefault("content", {})["text/event-stream"] = {
-            "schema": {"type": "string", "description": "data: {chunk} lines, then data: [DONE]"}}
+            "schema": {"type": "string", "description": STREAMING_PATHS[path]}}

@@ -19,7 +19,6 @@ instructions, as OpenAI has it).
 from __future__ import annotations
 
 import collections
-import json
 from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI
@@ -41,7 +40,7 @@ from nexttok.server.responses_items import (
 )
 from nexttok.server.responses_stream import ResponseEvents
 from nexttok.server.schemas import MAX_TOP_LOGPROBS, ChatRequest, Strict, bounded
-from nexttok.server.streaming import Run, chained, close, first_step, steps_of
+from nexttok.server.streaming import Run, chained, close, first_step, steps_of, typed_event
 
 STORED_RESPONSES = 256
 # the chat request's fields that come from differently named fields here
@@ -179,18 +178,14 @@ async def _events(builder: ResponseBuilder, run: Run, first, keep):
     events = ResponseEvents(builder, len(run.ids))
     try:
         for event in events.opening():
-            yield _sse(event)
+            yield typed_event(event)
         async for step in chained([first], run.steps):
             for event in events.step(step):
-                yield _sse(event)
+                yield typed_event(event)
         for event in events.closing():
-            yield _sse(event)
+            yield typed_event(event)
         keep(events.final)
     except Exception as e:  # an error mid-stream is an error event, and the stream ends cleanly
-        yield _sse(events.error(str(e)))
+        yield typed_event(events.error(str(e)))
     finally:
         await close([run])
-
-
-def _sse(event: dict) -> bytes:
-    return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n".encode()

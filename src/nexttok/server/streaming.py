@@ -1,5 +1,6 @@
 """From a request's running generations to its HTTP answer: one JSON body once every choice is
-done, or server-sent events (`data: {chunk}` lines, then `data: [DONE]`) as the steps arrive."""
+done, or server-sent events (`data: {chunk}` lines, then `data: [DONE]`) as the steps arrive.
+The Responses and Anthropic routes write their own events with typed_event (`event:` + `data:`)."""
 
 from __future__ import annotations
 
@@ -126,6 +127,12 @@ async def chained(first: list[Step], rest: AsyncIterator[Step]) -> AsyncIterator
             return
     async for step in rest:
         yield step
+
+
+def typed_event(payload: dict) -> bytes:
+    """An event named by its type, as the Responses API and Anthropic's Messages API send them:
+    typed_event({"type": "ping"}) -> b'event: ping\ndata: {"type": "ping"}\n\n'."""
+    return f"event: {payload['type']}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n".encode()
 
 
 def event(payload: dict, include_usage: bool) -> bytes:
