@@ -79,6 +79,11 @@ SPECS = {
                                       attention_multiplier=0.15, logits_scaling=2.5, attention_bias=True)),
     "exaone4": ("Exaone4Config", dict(COMMON, num_hidden_layers=3, num_key_value_heads=2, sliding_window=5,
                                       sliding_window_pattern=3)),
+    # hybrids: short convolutions (a recurrent state) between attention layers (LFM2); the MLP's
+    # width adjusted as LFM2's (two thirds, rounded up to block_multiple_of)
+    "lfm2": ("Lfm2Config", dict(COMMON, num_hidden_layers=4, num_key_value_heads=2, conv_L_cache=3, eos_token_id=2,
+                                pad_token_id=0, bos_token_id=1, block_multiple_of=16,
+                                layer_types=["conv", "full_attention", "conv", "conv"])),
     # mixtures of experts (models/moe.py): each family's router, a dense layer where the family has
     # them, and what else differs (shared experts, biases, sinks, windows, multipliers)
     "qwen3_moe": ("Qwen3MoeConfig", dict(

@@ -143,8 +143,9 @@ def _drafter(args: argparse.Namespace, checkpoint):
     """--speculative ngram (prompt lookup) or a draft model of the same tokenizer; None without it."""
     if not args.speculative:
         return None
-    from nexttok.generation.speculative import ModelDrafter, NgramDrafter
+    from nexttok.generation.speculative import ModelDrafter, NgramDrafter, check_rollback
 
+    check_rollback(checkpoint.model.config)
     if args.draft_tokens < 1:
         raise ValueError(f"--draft-tokens must be >= 1, got {args.draft_tokens}")
     if args.speculative == "ngram":

@@ -76,6 +76,8 @@ class ModelDrafter:
         same = 0
         while same < min(len(self.cached), len(context) - 1) and self.cached[same] == context[same]:
             same += 1
+        if self.cache.state_layers and same < len(self.cached):  # a recurrent state goes back only to the start
+            same = 0
         self.cache.truncate(same)
         draft = []
         with torch.inference_mode():
@@ -121,6 +123,14 @@ class Rounds:
         return self.tokens / self.forwards if self.forwards else 0.0
 
 
+def check_rollback(config) -> None:
+    """Raise (one line) where the model cannot take back a refused draft token: its recurrent layers
+    hold a state, not keys to forget (llama-server's answer is checkpoints of it; not kept here)."""
+    if config.recurrent_layers:
+        raise ValueError(f"speculative decoding: {config.model_type}'s recurrent layers keep a state that cannot "
+                         "take back a refused draft token; generate without a drafter")
+
+
 def speculative_stream(model: Model, tokenizer: Tokenizer, prompt: str | Sequence[int], params: SamplingParams,
                        drafter, *, k: int = DRAFT_TOKENS, rounds: Rounds | None = None,
                        **options) -> Iterator[Step]:
@@ -128,6 +138,7 @@ def speculative_stream(model: Model, tokenizer: Tokenizer, prompt: str | Sequenc
     (max_tokens, stop, stop_token_ids, top_n). rounds, when given, is filled in as it goes."""
     if k < 1:
         raise ValueError(f"draft tokens must be >= 1, got {k}")
+    check_rollback(model.config)
     rounds = rounds if rounds is not None else Rounds()
     weights = next(model.parameters())
     ids = prompt_ids_for(model, tokenizer, prompt)

@@ -160,6 +160,8 @@ class ExplainSession:
         while shared < min(len(tokens), len(self.cached)) and tokens[shared] == self.cached[shared]:
             shared += 1
         shared = min(shared, len(tokens) - 1)  # at least the last token goes through the model
+        if self.cache.state_layers and shared < len(self.cached):  # a recurrent state goes back only to the start
+            shared = 0
         self.cache.truncate(shared)
         pending = torch.tensor([tokens[shared:]], device=self.cache.k.device)
         capture = AttentionCapture()

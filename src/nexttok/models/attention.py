@@ -20,6 +20,7 @@ from nexttok.models.cache import Cache
 # Masks the fast attention kernels express without a tensor, for contiguous positions 0..S-1:
 ALL = "all"  # one new token after the cache: it sees every key
 CAUSAL = "causal"  # a whole fresh sequence: query i sees keys 0..i
+TOKENS = "tokens"  # masks[TOKENS] (B, T): True where a token is real, False where padding (recurrent layers)
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class AttentionCapture:
     """What a forward pass records for a viewer when one is passed in (capture=...). Computed apart
     from the fast kernels, so a pass without a capture pays nothing.
 
-    Always, per layer: the attention weights of the last query over every key (B, n_head, S); per
+    Always, per attention layer (layers: which; a recurrent layer records none): the attention weights of the last query over every key (B, n_head, S); per
     mixture-of-experts layer, the router's choice for every position (experts[layer]: ids and
     weights (B, T, k), probs (B, T, E)).
     With full=True also, per layer: every query's weights (B, n_head, T, S), the queries, keys and
@@ -44,6 +45,7 @@ class AttentionCapture:
     repeated), and the residual stream (B, T, hidden) after the embeddings and after each layer."""
 
     full: bool = False
+    layers: list[int] = field(default_factory=list)  # the layer of each attention entry (recurrent layers have none)
     last_query: list[torch.Tensor] = field(default_factory=list)
     weights: list[torch.Tensor] = field(default_factory=list)
     qkv: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
@@ -127,6 +129,8 @@ def attend_cached(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
         return torch.ops.nexttok.cached_attention(q, k, v)
     if cache is not None:
         k, v = cache.update_and_fetch(layer, k, v)  # (B, n_kv, S, hd)
+    if capture is not None:
+        capture.layers.append(layer)
     return attend(q.to(k.dtype), k, v, mask, capture, sinks).to(q.dtype)
 
 

@@ -1,12 +1,18 @@
-"""KVCache: keys and values of every layer, preallocated for the whole context.
+"""KVCache: keys and values of every attention layer, preallocated for the whole context, and the
+fixed-size state of every recurrent layer.
 
-One forward call first reserves its slots (`append_positions`), then each layer writes its keys
-and values there (`update_and_fetch`) and attends over everything cached so far. Slot positions
-are kept too (-1 = empty or padding), which is what the attention mask is built from.
+One forward call first reserves its slots (`append_positions`), then each attention layer writes
+its keys and values there (`update_and_fetch`) and attends over everything cached so far. Slot
+positions are kept too (-1 = empty or padding), which is what the attention mask is built from.
+
+A recurrent layer (LFM2's short convolutions) keeps no keys: it folds each token into a state of
+its own whose size does not grow with the context (`state`), updated in place. A state cannot be
+taken back a token (it holds no history), so such a cache truncates only to 0 or to where it is.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
@@ -22,6 +28,10 @@ def storage_dtype(dtype: torch.dtype, device: torch.device | str) -> torch.dtype
 
 class ContextFull(ValueError):
     """More tokens than the cache (the context window) holds."""
+
+
+class StateRollback(ValueError):
+    """A cache with recurrent states asked to forget some of its tokens but not all."""
 
 
 class Cache(Protocol):
@@ -42,11 +52,18 @@ class Cache(Protocol):
 
 
 class KVCache:
+    """state_layers: the layers that keep a recurrent state instead of keys and values (no rows of
+    k and v are kept for them; kv_row maps every other layer to its row)."""
+
     def __init__(
         self, n_layers: int, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
-        dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", state_layers: Sequence[int] = (),
     ):
-        shape = (n_layers, batch, n_kv_heads, max_len, head_dim)
+        self.n_layers, self.state_layers = n_layers, tuple(state_layers)
+        kv_layers = [i for i in range(n_layers) if i not in self.state_layers]
+        self.kv_row = {layer: row for row, layer in enumerate(kv_layers)}
+        self.states: dict[tuple[int, str], torch.Tensor] = {}  # (layer, name) -> (batch, ...), made on first use
+        shape = (len(kv_layers), batch, n_kv_heads, max_len, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.pos = torch.full((batch, max_len), -1, dtype=torch.long, device=device)
@@ -63,7 +80,7 @@ class KVCache:
         whose weights are `dtype` (the cache's own dtype: storage_dtype)."""
         max_len = max_len or config.max_position_embeddings
         return cls(config.num_hidden_layers, batch, config.num_key_value_heads, max_len,
-                   config.head_dim, storage_dtype(dtype, device), device)
+                   config.head_dim, storage_dtype(dtype, device), device, config.recurrent_layers)
 
     @property
     def batch(self) -> int:
@@ -90,14 +107,36 @@ class KVCache:
         self, layer: int, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store this call's k, v (B, n_kv_heads, T, head_dim); return all cached (B, n_kv, S, hd)."""
-        self.k[layer, :, :, self._start : self.offset] = k
-        self.v[layer, :, :, self._start : self.offset] = v
-        return self.k[layer, :, :, : self.offset], self.v[layer, :, :, : self.offset]
+        row = self.kv_row[layer]
+        self.k[row, :, :, self._start : self.offset] = k
+        self.v[row, :, :, self._start : self.offset] = v
+        return self.k[row, :, :, : self.offset], self.v[row, :, :, : self.offset]
+
+    def state(self, layer: int, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """Recurrent layer `layer`'s state `name`, (batch, *shape): zeros until the layer first
+        writes it (in place, as it takes in tokens)."""
+        if layer not in self.state_layers:
+            raise ValueError(f"layer {layer} keeps keys and values, not a recurrent state")
+        key = (layer, name)
+        if key not in self.states:
+            self.states[key] = torch.zeros((self.batch, *shape), dtype=dtype, device=self.pos.device)
+        return self.states[key]
+
+    def state_bytes(self) -> int:
+        """Bytes of every recurrent state made so far (fixed, whatever the context's length)."""
+        return sum(s.numel() * s.element_size() for s in self.states.values())
 
     def truncate(self, length: int) -> None:
-        """Forget every slot from `length` on (to branch generation from an earlier token)."""
+        """Forget every slot from `length` on (to branch generation from an earlier token). With
+        recurrent states, only to 0 (they start again) or to where the cache is (StateRollback)."""
         if not 0 <= length <= self.offset:
             raise ValueError(f"truncate length must be in 0..{self.offset}, got {length}")
+        if self.state_layers and 0 < length < self.offset:
+            raise StateRollback(f"recurrent layers {list(self.state_layers)} keep a state that cannot be "
+                                f"taken back to token {length} of {self.offset}")
+        if length == 0:
+            for state in self.states.values():
+                state.zero_()
         self.pos[:, length:] = -1
         self.offset = self._start = length
         if length == 0:
@@ -122,8 +161,9 @@ class SlotCache:
     """
 
     def __init__(self, n_layers: int, slots: int, n_kv_heads: int, max_len: int, head_dim: int,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
-        self.store = KVCache(n_layers, slots, n_kv_heads, max_len, head_dim, dtype, device)
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                 state_layers: Sequence[int] = ()):
+        self.store = KVCache(n_layers, slots, n_kv_heads, max_len, head_dim, dtype, device, state_layers)
         self.lengths = [0] * slots
         self.running = 0
 
@@ -131,7 +171,8 @@ class SlotCache:
     def for_model(cls, config, slots: int, max_len: int | None = None, dtype=torch.float32,
                   device="cpu") -> SlotCache:
         return cls(config.num_hidden_layers, slots, config.num_key_value_heads,
-                   max_len or config.max_position_embeddings, config.head_dim, storage_dtype(dtype, device), device)
+                   max_len or config.max_position_embeddings, config.head_dim, storage_dtype(dtype, device), device,
+                   config.recurrent_layers)
 
     @property
     def slots(self) -> int:
@@ -149,6 +190,8 @@ class SlotCache:
         self.running += 1
         self.lengths[slot] = 0
         self.store.pos[slot] = -1
+        for state in self.store.states.values():
+            state[slot] = 0
         return slot
 
     def release(self, slot: int) -> int | None:
@@ -161,6 +204,8 @@ class SlotCache:
             store.k[:, slot, :, :n] = store.k[:, last, :, :n]
             store.v[:, slot, :, :n] = store.v[:, last, :, :n]
             store.pos[slot] = store.pos[last]
+            for state in store.states.values():
+                state[slot] = state[last]
             self.lengths[slot] = n
             moved = last
         self.store.pos[last] = -1
@@ -173,6 +218,9 @@ class SlotCache:
         n_kv_heads, T, head_dim) at positions 0..T-1 (a reused prompt prefix); a row() prefill
         then continues at position T."""
         n = k.shape[2]
+        if self.store.state_layers:
+            raise StateRollback("a sequence of a model with recurrent layers cannot start from stored keys and "
+                                "values: its layers' states are not among them")
         if n > self.max_len:
             raise ContextFull(f"context window full: {n} tokens > {self.max_len}")
         store = self.store
@@ -222,9 +270,14 @@ class _RowView:
 
     def update_and_fetch(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         store, s = self.owner.store, self.slot
-        store.k[layer, s, :, self._start : self._end] = k[0]
-        store.v[layer, s, :, self._start : self._end] = v[0]
-        return store.k[layer, s : s + 1, :, : self._end], store.v[layer, s : s + 1, :, : self._end]
+        row = store.kv_row[layer]
+        store.k[row, s, :, self._start : self._end] = k[0]
+        store.v[row, s, :, self._start : self._end] = v[0]
+        return store.k[row, s : s + 1, :, : self._end], store.v[row, s : s + 1, :, : self._end]
+
+    def state(self, layer: int, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """This slot's row of the layer's state (1, *shape), a view: updates land in the store."""
+        return self.owner.store.state(layer, name, shape, dtype)[self.slot : self.slot + 1]
 
 
 class _BatchView:
@@ -267,6 +320,11 @@ class _BatchView:
 
     def update_and_fetch(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         store = self.owner.store
-        store.k[layer, self.rows, :, self.ends] = k[:, :, 0].to(store.k.dtype)  # (B, n_kv, hd) at each row's end
-        store.v[layer, self.rows, :, self.ends] = v[:, :, 0].to(store.v.dtype)
-        return store.k[layer, : self.n, :, : self.width], store.v[layer, : self.n, :, : self.width]
+        row = store.kv_row[layer]
+        store.k[row, self.rows, :, self.ends] = k[:, :, 0].to(store.k.dtype)  # (B, n_kv, hd) at each row's end
+        store.v[row, self.rows, :, self.ends] = v[:, :, 0].to(store.v.dtype)
+        return store.k[row, : self.n, :, : self.width], store.v[row, : self.n, :, : self.width]
+
+    def state(self, layer: int, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """The running rows' (and scratch rows') states (n, *shape), a view: slots 0..n-1."""
+        return self.owner.store.state(layer, name, shape, dtype)[: self.n]

@@ -24,6 +24,12 @@ class ConfigError(ValueError):
     """config.json asks for something missing, malformed or unsupported."""
 
 
+# what a layer does with its context: attend over all of it, over a sliding window of it, or fold it
+# into a state of fixed size (a recurrent layer: LFM2's short convolutions)
+LAYER_TYPES = ("full_attention", "sliding_attention", "conv")
+RECURRENT_TYPES = ("conv",)
+
+
 class CheckpointError(ValueError):
     """A checkpoint file that is missing, corrupt, or does not fit the model."""
 
@@ -54,8 +60,11 @@ class ModelConfig:
     attention_sinks: bool = False  # a learned logit per head that takes a share of the softmax (gpt-oss)
     tie_word_embeddings: bool = False
     sliding_window: int | None = None
-    layer_types: list[str] = field(default_factory=list)  # "full_attention" | "sliding_attention"
+    layer_types: list[str] = field(default_factory=list)  # one of LAYER_TYPES per layer
     no_rope_layers: list[int] = field(default_factory=list)  # per layer 1: RoPE, 0: none (SmolLM3); []: all RoPE
+    # recurrent layers (layer_types "conv"): a short causal convolution over the last conv_kernel inputs (LFM2)
+    conv_kernel: int = 0
+    conv_bias: bool = False
     # mixture of experts (moe.py); num_experts 0: every layer's MLP is dense
     num_experts: int = 0
     num_experts_per_tok: int = 0
@@ -112,9 +121,11 @@ class ModelConfig:
         if self.no_rope_layers and (len(self.no_rope_layers) != self.num_hidden_layers
                                     or set(self.no_rope_layers) - {0, 1}):
             raise ConfigError(f"no_rope_layers must be 0 or 1 for each of {self.num_hidden_layers} layers")
-        bad = set(self.layer_types) - {"full_attention", "sliding_attention"}
+        bad = set(self.layer_types) - set(LAYER_TYPES)
         if bad:
-            raise ConfigError(f"layer_types entries {sorted(bad)} are not supported")
+            raise ConfigError(f"layer_types entries {sorted(bad)} are not supported (supported: {', '.join(LAYER_TYPES)})")
+        if "conv" in self.layer_types and (type(self.conv_kernel) is not int or self.conv_kernel < 2):
+            raise ConfigError(f"conv layers need a kernel of at least 2 inputs, got {self.conv_kernel!r}")
         if "sliding_attention" in self.layer_types and not self.sliding_window:
             raise ConfigError("layer_types asks for sliding_attention but sliding_window is not set")
         if not (self.norm_eps > 0 and math.isfinite(self.norm_eps)):
@@ -174,6 +185,16 @@ class ModelConfig:
     def n_rep(self) -> int:
         """Query heads per key/value head (grouped-query attention)."""
         return self.num_attention_heads // self.num_key_value_heads
+
+    @property
+    def recurrent_layers(self) -> list[int]:
+        """The layers that keep a fixed-size state instead of keys and values (RECURRENT_TYPES)."""
+        return [i for i, kind in enumerate(self.layer_types) if kind in RECURRENT_TYPES]
+
+    @property
+    def attention_layers(self) -> list[int]:
+        """The layers that attend, keeping keys and values in the cache."""
+        return [i for i, kind in enumerate(self.layer_types) if kind not in RECURRENT_TYPES]
 
     @property
     def is_moe(self) -> bool:

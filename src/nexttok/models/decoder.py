@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nexttok.models.attention import AttentionCapture, keys_for, masks_for, positions_for
+from nexttok.models.attention import TOKENS, AttentionCapture, keys_for, masks_for, positions_for
 from nexttok.models.cache import Cache
 
 
@@ -73,6 +73,8 @@ class Decoder(nn.Module):
         q_pos = positions_for(ids, cache, positions, self.config.max_position_embeddings)
         k_pos, contiguous = keys_for(q_pos, cache, explicit=positions is not None)  # (B, S)
         masks = masks_for(q_pos, k_pos, set(self.windows), contiguous, cache)
+        if self.config.recurrent_layers:  # a recurrent layer must not take padding into its state
+            masks[TOKENS] = q_pos >= 0
         x = self.inputs(ids, q_pos)
         extra = self.rotations(q_pos, x.dtype)
         if self.compiled is not None and self.compiled.takes(ids, cache, capture):
@@ -110,7 +112,7 @@ class LlamaLayout(Decoder):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
         self.declare_buffers()
-        self.windows = frozenset(layer.self_attn.window for layer in self.layers)
+        self.windows = frozenset(self.window_of(layer) for layer in self.layers)
         self.compiled = None  # compiled.compile_decode turns it on
         if not self.norm.weight.is_meta:  # on the meta device the loader calls it once weights are in
             self.init_buffers()

@@ -33,6 +33,7 @@ from nexttok.models import (
     gpt_oss,
     granite,
     granitemoe,
+    lfm2,
     llama,
     mixtral,
     olmo2,
@@ -45,8 +46,8 @@ from nexttok.models import (
 from nexttok.models.architecture import Architecture
 from nexttok.models.config import ConfigError, ModelConfig, eos_token_ids, optional_int
 
-FAMILIES = (gpt2, llama, qwen3, phi3, gemma3, smollm3, olmo2, granite, exaone4, qwen_moe, mixtral, olmoe, gpt_oss,
-            glm4_moe, granitemoe)
+FAMILIES = (gpt2, llama, qwen3, phi3, gemma3, smollm3, olmo2, granite, exaone4, lfm2, qwen_moe, mixtral, olmoe,
+            gpt_oss, glm4_moe, granitemoe)
 ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for family in FAMILIES for a in family.ARCHITECTURES}
 # the first family of each GGUF architecture reads its files (llama's config function says "mixtral"
 # where a llama file has experts)

@@ -71,6 +71,9 @@ def check_world(config, world: int) -> None:
     if world > 1 and config.is_moe:
         raise ValueError(f"--tensor-parallel {world}: mixture-of-experts layers ({config.model_type}) are not split "
                          "over ranks yet; run it on one (--tensor-parallel 1)")
+    if world > 1 and config.recurrent_layers:
+        raise ValueError(f"--tensor-parallel {world}: recurrent layers ({config.model_type}) are not split over ranks "
+                         "yet; run it on one (--tensor-parallel 1)")
     n_head, n_kv = config.num_attention_heads, config.num_key_value_heads
     if not _heads_split(n_head, n_kv, world):
         fits = [n for n in range(1, n_head + 1) if _heads_split(n_head, n_kv, n)]

@@ -84,7 +84,9 @@ class Scheduler:
         padded = batch_invariant and not rows_independent(model)
         self.pad_to = max_running if padded or model.compiled is not None else 1
         self.metrics = metrics or Metrics()
-        self.prefix = PrefixCache(self.cache, prefix_cache_tokens, self.metrics) if prefix_cache_tokens else None
+        # a recurrent layer's state is not among a prefix's keys and values: no prefix reuse for such models
+        reusable = prefix_cache_tokens and not model.config.recurrent_layers
+        self.prefix = PrefixCache(self.cache, prefix_cache_tokens, self.metrics) if reusable else None
         self.waiting: collections.deque[Job] = collections.deque()
         self.running: list[Job] = []  # running[i] holds cache slot i
         self._wake = threading.Condition()
