@@ -152,21 +152,151 @@ def test_a_tool_result_continues_the_conversation_as_on_the_chat_route(claude, c
     assert reply.usage.input_tokens == chat.usage.prompt_tokens
 
 
-def test_streamed_tool_use_is_the_created_one(claude, server):
-    args = dict(model=MODEL, messages=[{"role": "user", "content": "Weather in Rome?"}], max_tokens=60,
-                tools=[TOOL], tool_choice={"type": "any"}, extra_body=GREEDY)
+def _stream_args(messages, **kwargs):
+    return dict(model=MODEL, messages=messages, extra_body=GREEDY, **kwargs)
+
+
+def _raw(args: dict) -> dict:
+    """A request of the SDK's arguments as a raw body."""
+    return {**{k: v for k, v in args.items() if k != "extra_body"}, **args["extra_body"]}
+
+
+def _blocks(events) -> list[tuple[int, str, str]]:
+    """(index, type, its deltas joined) of each content block of a raw stream, checking that blocks
+    never overlap and come at indexes 0, 1, 2, ..."""
+    blocks, open_at = [], None
+    for name, data in events:
+        if name == "content_block_start":
+            assert open_at is None and data["index"] == len(blocks)
+            open_at = data["index"]
+            blocks.append([open_at, data["content_block"]["type"], ""])
+        elif name == "content_block_delta":
+            assert data["index"] == open_at
+            blocks[-1][2] += data["delta"].get("text", data["delta"].get("partial_json"))
+        elif name == "content_block_stop":
+            assert data["index"] == open_at
+            open_at = None
+    assert open_at is None
+    return [tuple(block) for block in blocks]
+
+
+def test_streamed_tool_use_comes_as_it_is_generated_and_is_the_created_one(claude, server):
+    args = _stream_args([{"role": "user", "content": "Weather in Rome?"}], max_tokens=60, tools=[TOOL],
+                        tool_choice={"type": "any"})
     created = claude.messages.create(**args)
     with claude.messages.stream(**args) as stream:
         deltas = [event.partial_json for event in stream if event.type == "input_json"]
         final = stream.get_final_message()
-    assert deltas and json.loads("".join(deltas)) == created.content[0].input
+    # the input's JSON in pieces as the model writes it; joined, the non-streamed input
+    assert len(deltas) > 1 and json.loads("".join(deltas)) == created.content[0].input
     assert [(b.type, b.name, b.input) for b in final.content] == [(b.type, b.name, b.input) for b in created.content]
-    assert final.stop_reason == "tool_use" and final.usage.output_tokens == created.usage.output_tokens
-    events = _events(server, {**{k: v for k, v in args.items() if k != "extra_body"}, **GREEDY})
-    assert [name for name, _ in events] == ["message_start", "ping", "content_block_start", "content_block_delta",
-                                            "content_block_stop", "message_delta", "message_stop"]
-    assert events[2][1]["content_block"]["input"] == {}
-    assert events[3][1]["delta"]["type"] == "input_json_delta"
+    assert final.stop_reason == created.stop_reason == "tool_use"
+    assert final.usage.output_tokens == created.usage.output_tokens
+    events = _events(server, _raw(args))
+    names = [name for name, _ in events]
+    assert names == ["message_start", "ping", "content_block_start", *["content_block_delta"] * (len(names) - 6),
+                     "content_block_stop", "message_delta", "message_stop"]
+    assert events[2][1]["content_block"]["input"] == {} and events[2][1]["content_block"]["id"].startswith("toolu_")
+    assert {data["delta"]["type"] for _, data in events[3:-3]} == {"input_json_delta"}
+    assert _blocks(events) == [(0, "tool_use", "".join(deltas))]
+
+
+def test_text_a_tool_reply_writes_instead_of_a_call_streams_as_text(claude, server):
+    """tool_choice auto: the tiny model answers in text ({"response": ...} in the tools' format),
+    which streams as a text block; the format has no reply with both text and calls."""
+    args = _stream_args(STORY, max_tokens=12, tools=[TOOL], tool_choice={"type": "auto"})
+    created = claude.messages.create(**args)
+    with claude.messages.stream(**args) as stream:
+        pieces = list(stream.text_stream)
+        final = stream.get_final_message()
+    assert [block.type for block in created.content] == ["text"] and len(pieces) > 1
+    assert "".join(pieces) == _text(created) == _text(final) and "response" not in _text(created)
+    assert final.stop_reason == created.stop_reason == "max_tokens"
+    assert _blocks(_events(server, _raw(args))) == [(0, "text", _text(created))]
+
+
+def test_parallel_calls_stream_one_block_each_and_a_cut_call_ends_cleanly(claude, server):
+    """Several calls (disable_parallel_tool_use: false) cut by max_tokens: a tool_use block each, at
+    consecutive indexes; the cut one stops where it was cut (its pieces no whole JSON, as Anthropic's
+    fine-grained tool streaming), stop_reason max_tokens; the non-streamed message has the calls
+    written whole and leaves out the cut one."""
+    args = _stream_args([{"role": "user", "content": "Weather in Rome?"}], max_tokens=80, tools=[TOOL],
+                        tool_choice={"type": "any", "disable_parallel_tool_use": False})
+    created = claude.messages.create(**args)
+    events = _events(server, _raw(args))
+    blocks = _blocks(events)
+    assert len(blocks) > 2 and {kind for _, kind, _ in blocks} == {"tool_use"}
+    whole, (_, _, cut) = blocks[:-1], blocks[-1]
+    assert [json.loads(text) for _, _, text in whole] == [block.input for block in created.content]
+    with pytest.raises(ValueError):
+        json.loads(cut)
+    assert events[-2][1]["delta"]["stop_reason"] == created.stop_reason == "max_tokens"
+    with claude.messages.stream(**args) as stream:
+        final = stream.get_final_message()
+    assert final.stop_reason == "max_tokens" and len(final.content) == len(blocks)
+    assert [b.input for b in final.content[:-1]] == [b.input for b in created.content]
+
+
+def test_a_single_call_cut_by_max_tokens_is_no_block_when_not_streamed(claude, server):
+    ask = [{"role": "user", "content": "Weather in Rome?"}]
+    whole = _events(server, _raw(_stream_args(ask, max_tokens=60, tools=[TOOL], tool_choice={"type": "any"})))
+    total = whole[-2][1]["usage"]["output_tokens"]
+    args = _stream_args(ask, max_tokens=total - 5, tools=[TOOL], tool_choice={"type": "any"})  # inside its input
+    created = claude.messages.create(**args)
+    assert created.content == [] and created.stop_reason == "max_tokens"
+    events = _events(server, _raw(args))
+    ((_, kind, cut),) = _blocks(events)
+    assert kind == "tool_use" and cut and _blocks(whole)[0][2].startswith(cut)
+    with pytest.raises(ValueError):
+        json.loads(cut)
+    assert events[-2][1]["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None}
+
+
+def _steps(pieces: list[str], finish: str) -> list:
+    from nexttok.generation.loop import Step
+
+    return [Step(i, 0, text, text, 0.0, 1, [], [], None, 0.0, i == 0, finish if i == len(pieces) - 1 else None)
+            for i, text in enumerate(pieces)]
+
+
+@pytest.mark.parametrize("pieces,finish,blocks,stop", [
+    (['{"resp', 'onse": "hi', ' th\\u00e9', 're"}'], "stop", [("text", ["hi", " thé", "re"])], "end_turn"),
+    (['{"tool_calls": [{"name": "f", "argu', 'ments": {"a"', ': 1}}, {"name": "g", "arguments": {}}]}'], "stop",
+     [("tool_use", ['{"a"', ": 1}"]), ("tool_use", ["{}"])], "tool_use"),
+    (['{"tool_calls": [{"name": "f", "arguments": {"ci', 'ty": "Pa'], "length", [("tool_use", ['{"ci', 'ty": "Pa'])],
+     "max_tokens"),
+    # not a reply the format allows (text or calls); the writer still keeps one block open at a time
+    (['{"response": "hi", "tool_calls": [{"name": "f", "arguments": {}}]}'], "stop",
+     [("text", ["hi"]), ("tool_use", ["{}"])], "tool_use"),
+])
+def test_message_events_of_a_tool_reply(pieces, finish, blocks, stop):
+    """MessageEvents over a tool reply's Steps: each block's deltas as the pieces came, the blocks in
+    turn at indexes 0, 1, ..., then the stop_reason; the non-streamed message the same blocks."""
+    from types import SimpleNamespace
+
+    from nexttok.server.anthropic_messages import Reply
+    from nexttok.server.anthropic_stream import MessageEvents
+
+    reply = Reply("m", True, SimpleNamespace(stop_sequence=None))
+    events = MessageEvents(reply, 7)
+    out = events.opening()
+    for step in _steps(pieces, finish):
+        out += events.step(step)
+    out += events.closing()
+    named = [(event["type"], event) for event in out]
+    streamed = []
+    for name, data in named:
+        if name == "content_block_start":
+            streamed.append((data["content_block"]["type"], []))
+        elif name == "content_block_delta":
+            streamed[-1][1].append(data["delta"].get("text", data["delta"].get("partial_json")))
+    assert streamed == blocks and _blocks(named)
+    assert out[-2]["delta"]["stop_reason"] == stop and out[-2]["usage"]["output_tokens"] == len(pieces)
+    message = reply.whole(_steps(pieces, finish), 7)
+    assert message["stop_reason"] == stop
+    assert [(b["type"], b.get("text", b.get("input"))) for b in message["content"]] == \
+        [(kind, "".join(texts) if kind == "text" else json.loads("".join(texts))) for kind, texts in blocks
+         if stop != "max_tokens"]
 
 
 @pytest.mark.parametrize("tools", [None, [TOOL]])

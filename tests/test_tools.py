@@ -130,7 +130,8 @@ def test_reply_schema_and_reading():
 def test_reply_stream_reads_calls_and_text_as_they_are_written():
     """tools.ReplyStream over any cut of a reply into pieces: each call opens once its name is whole,
     its arguments arrive as the raw JSON written (joined: read_reply's arguments, escapes, nesting and
-    brackets inside strings included), and a {"response": ...} streams its text unescaped."""
+    brackets inside strings included), a {"response": ...} streams its text unescaped, and the
+    reply is whole once its JSON closes."""
     import random
 
     from nexttok.generation.tools import ReplyStream, read_reply
@@ -143,9 +144,11 @@ def test_reply_stream_reads_calls_and_text_as_they_are_written():
         for reply in (calls, text):
             stream, events, at = ReplyStream(), [], 0
             while at < len(reply):
+                assert not stream.whole  # the reply's JSON closes with its last character
                 step = rng.randint(1, 6)
                 events += stream.feed(reply[at : at + step])
                 at += step
+            assert stream.whole
             content, expected = read_reply(reply)
             args = {}
             for e in events:

@@ -182,6 +182,7 @@ class ReplyStream:
 
     def __init__(self):
         self.calls: list[StreamedCall] = []
+        self.whole = False  # the reply's JSON has closed (read_reply would read its calls)
         self._stack: list[list] = []  # per open container: [kind "{" or "[", its key or item index, value pending]
         self._string: list[str] | None = None  # the string being read (raw), None outside strings
         self._escape = False
@@ -250,6 +251,7 @@ class ReplyStream:
 
     def _close(self) -> None:
         self._stack.pop()
+        self.whole = not self._stack
         if self._capture is not None and len(self._stack) == self._capture:
             self._capture = -1  # the closing bracket still belongs to the arguments (_char passes it on)
 

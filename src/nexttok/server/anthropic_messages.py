@@ -15,7 +15,7 @@ import re
 
 from nexttok.errors import InvalidParameter
 from nexttok.generation.loop import Generation, Step
-from nexttok.generation.tools import read_reply
+from nexttok.generation.tools import ReplyStream
 from nexttok.server.responses_items import new_id
 
 ROLES = ("user", "assistant")
@@ -203,24 +203,29 @@ def output_format(config: dict | None) -> dict | None:
 
 class Reply:
     """One message's object and content blocks, from the Steps of its reply. With tools the reply
-    is JSON in tools.py's format, read back into tool_use blocks or a text block."""
+    is JSON in tools.py's format, read back into tool_use blocks or a text block (the format has
+    no reply that is both)."""
 
     def __init__(self, model: str, tools: bool, generation: Generation):
         self.id, self.model, self.tools, self.generation = new_id("msg"), model, tools, generation
 
-    def content(self, steps: list[Step]) -> list[dict]:
-        """The reply's blocks: none for an empty reply (or one cut inside a call)."""
+    def content(self, steps: list[Step]) -> tuple[list[dict], bool]:
+        """(the reply's blocks, whether it called tools: its JSON is whole and has calls). The blocks
+        are what its stream sent (anthropic_stream.py), read the same way (tools.ReplyStream): the
+        text, none for an empty reply; each call written whole. A call cut by max_tokens is left
+        out: its half-written input is no object to claim (the stream sent it as it came)."""
         text = "".join(s.text for s in steps)
-        if self.tools:
-            text, calls = read_reply(text)
-            if calls:
-                return [{"type": "tool_use", "id": new_id("toolu"), "name": call["function"]["name"],
-                         "input": json.loads(call["function"]["arguments"])} for call in calls]
-        return [{"type": "text", "text": text}] if text else []
+        if not self.tools:
+            return ([{"type": "text", "text": text}] if text else []), False
+        stream = ReplyStream()
+        said = "".join(e.text for e in stream.feed(text) if e.kind == "content")
+        blocks = [{"type": "text", "text": said}] if said else []
+        blocks += [tool_use(call.name, json.loads(call.arguments)) for call in stream.calls if call.done and call.name]
+        return blocks, stream.whole and bool(stream.calls)
 
-    def stop(self, steps: list[Step], content: list[dict]) -> tuple[str, str | None]:
-        """(stop_reason, stop_sequence) of a whole reply."""
-        if any(block["type"] == "tool_use" for block in content):
+    def stop(self, steps: list[Step], called: bool) -> tuple[str, str | None]:
+        """(stop_reason, stop_sequence) of a whole reply; called: it made calls (its JSON is whole)."""
+        if called:
             return "tool_use", None
         if steps and steps[-1].finish_reason == "length":  # max_tokens, or the context window is full
             return "max_tokens", None
@@ -233,8 +238,13 @@ class Reply:
                 "stop_reason": stop[0], "stop_sequence": stop[1], "usage": usage}
 
     def whole(self, steps: list[Step], prompt_tokens: int) -> dict:
-        content = self.content(steps)
-        return self.message(content, self.stop(steps, content), usage(prompt_tokens, len(steps)))
+        content, called = self.content(steps)
+        return self.message(content, self.stop(steps, called), usage(prompt_tokens, len(steps)))
+
+
+def tool_use(name: str, tool_input: dict) -> dict:
+    """A tool_use block: tool_use("f", {}) -> {"type": "tool_use", "id": "toolu_…", "name": "f", "input": {}}."""
+    return {"type": "tool_use", "id": new_id("toolu"), "name": name, "input": tool_input}
 
 
 def usage(input_tokens: int, output_tokens: int) -> dict:
