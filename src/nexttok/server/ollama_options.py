@@ -22,7 +22,8 @@ PENALTIES_OFF = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_
 
 def plan_of(options: OllamaOptions | None, *, top_n: int = 0, schema: dict | None = None) -> GenerationPlan:
     """The plan of a request's options: plan_of(OllamaOptions(num_predict=5, temperature=0)) runs
-    greedy for at most 5 tokens. top_n: alternatives recorded per token (top_logprobs); schema:
+    greedy for at most 5 tokens; num_ctx bounds prompt + output (the plan's context_limit, capped
+    by the server's window). top_n: alternatives recorded per token (top_logprobs); schema:
     the JSON schema the output follows (format, or the tools' reply)."""
     options = options or OllamaOptions()
     _refuse_unavailable(options)
@@ -31,7 +32,7 @@ def plan_of(options: OllamaOptions | None, *, top_n: int = 0, schema: dict | Non
     seed = options.seed if options.seed is not None and options.seed >= 0 else None  # Ollama's -1: a fresh one
     limit = options.num_predict if options.num_predict is not None and options.num_predict > 0 else None
     return GenerationPlan(SamplingParams(**dials, seed=seed), limit, tuple(options.stop or ()), top_n, schema,
-                          context_limit=None)
+                          context_limit=options.num_ctx)
 
 
 def _refuse_unavailable(options: OllamaOptions) -> None:
