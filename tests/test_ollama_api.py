@@ -159,6 +159,18 @@ def test_a_tool_call_comes_back_with_its_arguments_as_an_object(local, served):
     assert answer.done and answer.prompt_eval_count > reply.prompt_eval_count
 
 
+def test_a_text_reply_to_tools_streams_as_it_is_generated(local):
+    # at this seed the random model answers with text: it streams a piece a step, never the reply's JSON
+    ask = dict(model=MODEL, messages=[{"role": "user", "content": "What is the weather in Paris?"}], tools=[WEATHER],
+               options={"temperature": 1, "seed": 0, "num_predict": 60})
+    whole = local.chat(**ask)
+    parts = list(local.chat(**ask, stream=True))
+    assert whole.message.tool_calls is None and whole.message.content and not whole.message.content.startswith("{")
+    assert "".join(p.message.content for p in parts) == whole.message.content
+    assert len([p for p in parts if p.message.content]) > 10 and not any(p.message.tool_calls for p in parts)
+    assert parts[-1].done_reason == whole.done_reason == "length"
+
+
 def test_logprobs_are_the_openai_routes(local, client):
     reply = local.chat(model=MODEL, messages=MESSAGES, logprobs=True, top_logprobs=3,
                        options={**GREEDY, "num_predict": 5})

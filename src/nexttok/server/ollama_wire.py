@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from nexttok.generation.loop import Step
-from nexttok.generation.tools import read_reply
+from nexttok.generation.tools import ReplyStream, read_reply
 from nexttok.server.responses import token_logprobs
 from nexttok.server.scheduler import GenerationFailed, RequestTimeout, ShuttingDown
 from nexttok.server.streaming import Run, chained, close, first_step, steps_of
@@ -43,8 +43,10 @@ def nanoseconds(seconds: float) -> int:
 @dataclass
 class OllamaWire:
     """One request's answer shape. chat: a `message` (else generate's `response`); tools: the reply
-    is tools.py's JSON, read back into `tool_calls` once whole; top_logprobs: None, or each token's
-    logprob with this many alternatives; context: generate's final `context` (prompt + output ids)."""
+    is tools.py's JSON, read as it is generated (tools.ReplyStream): its text streams as content,
+    each call goes out in one object once its arguments are whole (as Ollama sends a parsed call);
+    top_logprobs: None, or each token's logprob with this many alternatives; context: generate's
+    final `context` (prompt + output ids)."""
 
     model: str
     tokenizer: object
@@ -55,6 +57,7 @@ class OllamaWire:
     context: bool = False
     arrived: float = field(default_factory=time.perf_counter)
     first_at: float | None = None  # when the first step (the prefill's) reached the request
+    reading: ReplyStream = field(default_factory=ReplyStream)  # the reply to tools, read so far
 
     def envelope(self, done: bool) -> dict:
         return {"model": self.model, "created_at": created_at(), "done": done}
@@ -72,10 +75,18 @@ class OllamaWire:
         return {"logprobs": token_logprobs(self.tokenizer, steps, self.top_logprobs)}
 
     def step_chunk(self, step: Step) -> dict | None:
-        """A step's object (None: nothing to send; a reply to tools is held until it is whole)."""
-        if self.tools or (not step.text and self.top_logprobs is None):
+        """A step's object (None: nothing to send)."""
+        content, calls = self._read(step.text) if self.tools else (step.text, [])
+        if not content and not calls and self.top_logprobs is None:
             return None
-        return {**self.envelope(False), **self.text(step.text), **self.logprobs([step])}
+        return {**self.envelope(False), **self.text(content, calls), **self.logprobs([step])}
+
+    def _read(self, text: str) -> tuple[str, list[dict]]:
+        """(content, calls now whole) that a piece of a reply to tools adds."""
+        events = self.reading.feed(text)
+        content = "".join(e.text for e in events if e.kind == "content")
+        done = [self.reading.calls[e.index] for e in events if e.kind == "call_done"]
+        return content, [_ollama_call(call.index, call.openai()) for call in done]
 
     def reply(self, steps: list[Step]) -> tuple[str, list[dict]]:
         """(content, tool calls) of the whole output."""
@@ -103,12 +114,6 @@ class OllamaWire:
         content, calls = self.reply(steps)
         return {**self.final(steps, content, calls), **self.logprobs(steps)}
 
-    def closing(self, steps: list[Step]) -> list[dict]:
-        """A stream's last objects: a reply to tools (its calls or text, as Ollama sends them,
-        before the end), then the final one."""
-        content, calls = self.reply(steps)
-        held = [{**self.envelope(False), **self.text(content, calls)}] if self.tools and (content or calls) else []
-        return [*held, self.final(steps)]
 
 
 def _ollama_call(index: int, call: dict) -> dict:
@@ -134,8 +139,9 @@ async def answer(run: Run, wire: OllamaWire, *, stream: bool) -> JSONResponse | 
 
 
 async def _lines(run: Run, first: Step, wire: OllamaWire) -> AsyncIterator[bytes]:
-    """The stream: an object per step with text, then the closing ones; an error mid-stream is an
-    {"error": ...} line (what Ollama's client raises as ResponseError), and the stream ends."""
+    """The stream: an object per step with text (or a whole tool call), then the final one; an
+    error mid-stream is an {"error": ...} line (what Ollama's client raises as ResponseError), and
+    the stream ends."""
     steps: list[Step] = []
     try:
         async for step in chained([first], run.steps):
@@ -143,8 +149,7 @@ async def _lines(run: Run, first: Step, wire: OllamaWire) -> AsyncIterator[bytes
             chunk = wire.step_chunk(step)
             if chunk is not None:
                 yield line(chunk)
-        for chunk in wire.closing(steps):
-            yield line(chunk)
+        yield line(wire.final(steps))
     except (ValueError, RequestTimeout, ShuttingDown, GenerationFailed) as e:
         yield line({"error": str(e)})
     finally:
