@@ -92,6 +92,33 @@ def test_num_predict_ends_at_length_with_that_many_tokens(local):
     assert whole.done_reason == "length" and whole.prompt_eval_count + whole.eval_count == 12  # num_ctx: the window
 
 
+@pytest.mark.parametrize("option, value, openai_field", [
+    (None, None, None), ("top_k", 3, "top_k"), ("top_p", 0.4, "top_p"), ("min_p", 0.95, "min_p"),
+    ("temperature", 1.4, "temperature"), ("repeat_penalty", 1.5, "repetition_penalty"),
+    ("presence_penalty", 1.5, "presence_penalty"), ("frequency_penalty", 1.5, "frequency_penalty")])
+def test_each_sampling_option_is_the_openai_routes_parameter(local, client, option, value, openai_field):
+    """Ollama's defaults (temperature 0.8, top_k 40, top_p 0.9) and each option over them draw what
+    the completions route draws with the same parameters and seed."""
+    options = {"seed": 4, "num_predict": 12, **({option: value} if option else {})}
+    ours = local.generate(model=MODEL, prompt="Once upon a time", raw=True, options=options).response
+    dials = {"temperature": 0.8, "top_p": 0.9, "top_k": 40, **({openai_field: value} if option else {})}
+    theirs = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=12, seed=4,
+                                       temperature=dials.pop("temperature"), top_p=dials.pop("top_p"),
+                                       extra_body=dials).choices[0].text
+    assert ours == theirs
+    if option is not None:  # and the option changed the draw
+        assert ours != local.generate(model=MODEL, prompt="Once upon a time", raw=True,
+                                      options={"seed": 4, "num_predict": 12}).response
+
+
+def test_repeat_last_n_zero_switches_the_penalties_off(local):
+    def reply(**extra):
+        return local.generate(model=MODEL, prompt="Once upon a time", raw=True,
+                              options={"seed": 4, "num_predict": 12, **extra}).response
+    assert reply(repeat_penalty=1.5, repeat_last_n=0) == reply() != reply(repeat_penalty=1.5)
+    assert reply(repeat_penalty=1.5, repeat_last_n=-1) == reply(repeat_penalty=1.5)
+
+
 def test_stop_ends_the_reply_before_the_stop_text(local):
     full = local.chat(model=MODEL, messages=MESSAGES, options={**GREEDY, "num_predict": 20}).message.content
     stop = full.split()[-1]
