@@ -313,5 +313,6 @@ def test_openapi_lists_the_routes_their_streams_and_errors(server):
     chat = spec["paths"]["/api/chat"]["post"]["responses"]
     assert "application/x-ndjson" in chat["200"]["content"]
     assert chat["404"]["content"]["application/json"]["schema"]["$ref"] == "#/components/schemas/OllamaError"
+    assert "429" not in chat and "waiting line" in chat["503"]["description"]  # Ollama's 503 for a full queue
     pull = spec["paths"]["/api/pull"]["post"]["responses"]["501"]
     assert pull["content"]["application/json"]["schema"]["$ref"] == "#/components/schemas/OllamaError"

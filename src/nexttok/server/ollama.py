@@ -6,7 +6,8 @@ Generation runs the OpenAI routes' path: chat_plan renders the messages and tool
 model's chat template, the options become a GenerationPlan (ollama_options.py) and each request is
 one Generation on the model's batch scheduler. The answer is Ollama's NDJSON or one object
 (ollama_wire.py). Errors on every path under /api are Ollama's {"error": "..."} with its status
-codes (400 a bad request, 404 an unknown model), the ErrorShape registered here.
+codes (400 a bad request, 404 an unknown model, 503 a full waiting line), the ErrorShape
+registered here.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ def ollama_error(status: int, message: str, param: str | None, code: str | None,
     return {"error": message}
 
 
-OLLAMA_ERRORS = ErrorShape(ollama_error, OllamaError, full_location=True)
+# a full waiting line: Ollama answers 503 (its ErrMaxQueue, server/routes.go), not 429
+OLLAMA_ERRORS = ErrorShape(ollama_error, OllamaError, statuses={429: 503}, full_location=True)
 
 router = APIRouter()
 router.include_router(model_router)

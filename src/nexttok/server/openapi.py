@@ -55,10 +55,15 @@ def _fix_responses(path: str, responses: dict, with_auth: bool, shape: ErrorShap
     statuses (a route's own 5xx too: Ollama's 501s); its stream's media type where it streams."""
     error_content = {"application/json": {"schema": {"$ref": f"#/components/schemas/{shape.schema.__name__}"}}}
     responses.pop("422", None)
+    written: set[str] = set()
     for code, description in ERROR_RESPONSES.items():
         if code == "401" and (not with_auth or not needs_key(path)):
             continue
-        responses[str(shape.status(int(code)))] = {"description": description, "content": error_content}
+        status = str(shape.status(int(code)))
+        if status in written:  # two causes one status in this API (Ollama's 503: busy or shutting down)
+            description = f"{responses[status]['description']}; or {description}"
+        responses[status] = {"description": description, "content": error_content}
+        written.add(status)
     for code in responses:
         if code.startswith("5") and code not in ERROR_RESPONSES:  # a route's own, declared without a body
             responses[code]["content"] = error_content
