@@ -276,6 +276,7 @@ def test_an_unknown_model_is_a_404_with_our_message(local, call):
     (lambda c: c.chat(model=MODEL, messages=MESSAGES, tools=[WEATHER], format="json"), 400, "format"),
     (lambda c: c.chat(model=MODEL, messages=[{"role": "user", "content": "x", "images": [b"\x89PNG"]}]), 400,
      "images"),
+    (lambda c: c.generate(model=MODEL, prompt="x", width=64, height=64), 400, "width: image generation"),
     (lambda c: c.pull("tiny"), 501, "model management is not available"),
     (lambda c: c.delete("tiny"), 501, "model management is not available"),
     (lambda c: c.copy("tiny", "other"), 501, "model management is not available")])

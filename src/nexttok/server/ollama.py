@@ -88,6 +88,9 @@ async def generate(body: OllamaGenerateRequest, request: Request):
     _check_generating(served, body)
     if body.images:
         raise InvalidParameter("images", "images: the models here read text only")
+    for name in ("width", "height", "steps"):
+        if getattr(body, name) is not None:
+            raise InvalidParameter(name, f"{name}: image generation is not available here (text models only)")
     if body.template:
         raise InvalidParameter("template", "template: Go templates do not run here; the model's own chat "
                                "template does (or raw: true for none)")

@@ -156,6 +156,9 @@ class OllamaGenerateRequest(_Generating):
         None, description="deprecated: token ids a previous reply returned as `context`, put before the prompt")
     raw: bool | None = Field(None, description="the prompt as is, no chat template")
     images: list[str] | None = Field(None, description="refused: the models here read text only")
+    width: int | None = Field(None, description="refused: image generation (experimental in Ollama) is not here")
+    height: int | None = Field(None, description="refused: image generation is not here")
+    steps: int | None = Field(None, description="refused: image generation is not here")
 
 
 class OllamaEmbedRequest(Strict):
