@@ -5,6 +5,7 @@ OpenAI routes, called with the openai client, for the same model and input."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from importlib import metadata
 
@@ -284,6 +285,20 @@ def test_what_is_not_available_is_refused_by_name(local, call, status, says):
     with pytest.raises(ollama.ResponseError) as caught:
         call(local)
     assert caught.value.status_code == status and says in caught.value.error and "\n" not in caught.value.error
+
+
+def test_a_model_without_a_chat_template_generates_its_prompt_as_is(served, local):
+    plain = dataclasses.replace(served, name="plain", chat_template=None, scheduler=None)
+    with LiveServer(create_app([plain])) as live:
+        bare = ollama.Client(host=live.url)
+        with pytest.raises(ollama.ResponseError) as caught:
+            bare.chat(model="plain", messages=MESSAGES)
+        assert caught.value.status_code == 400 and "no chat template; use /api/generate" in caught.value.error
+        options = {**GREEDY, "num_predict": 6}
+        reply = bare.generate(model="plain", prompt="Once upon a time", options=options)
+        assert reply.response == local.generate(model=MODEL, prompt="Once upon a time", raw=True,
+                                                options=options).response and reply.context is None
+        assert bare.show("plain").capabilities == ["completion", "embedding"]
 
 
 def test_errors_are_ollamas_shape_and_the_openai_routes_keep_theirs(server):

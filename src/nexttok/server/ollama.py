@@ -69,6 +69,9 @@ async def chat(body: OllamaChatRequest, request: Request):
     _check_generating(served, body)
     if not body.messages:  # Ollama's way to load a model: it is loaded already
         return _loaded(body.model, {"message": {"role": "assistant", "content": ""}})
+    if served.chat_template is None:  # chat_plan's own message points at /v1/completions
+        raise InvalidParameter("messages", f"messages: {served.name!r} has no chat template; use /api/generate, "
+                               "which takes the prompt as is")
     if body.tools and body.format:
         raise InvalidParameter("format", "format cannot be combined with tools (a tool call already follows "
                                "its tool's JSON schema)")
