@@ -163,11 +163,13 @@ def test_every_option_of_the_client_is_honoured_ignored_or_refused_by_name(serve
 @pytest.mark.parametrize("options, named", [
     ({"temperature": "hot"}, "options.temperature"), ({"num_predict": 2.5}, "options.num_predict"),
     ({"top_p": 0}, "options.top_p"), ({"stop": "x"}, "options.stop"), ({"bogus": 1}, "options.bogus"),
-    ({"repeat_penalty": 1.2, "repeat_last_n": 64}, "options.repeat_last_n"), ({"num_ctx": 4}, "num_ctx")])
+    ({"repeat_penalty": 1.2, "repeat_last_n": 64}, "options.repeat_last_n"), ({"num_ctx": 4}, "num_ctx"),
+    ({"stop": ["zz"] * 40}, "options.stop")])
 def test_bad_options_are_a_400_in_one_line_naming_the_option(local, options, named):
     with pytest.raises(ollama.ResponseError) as caught:
         local.chat(model=MODEL, messages=MESSAGES, options=options)
     assert caught.value.status_code == 400 and named in caught.value.error and "\n" not in caught.value.error
+    assert len(caught.value.error) < 200  # a long value is cut short
 
 
 def test_a_tool_call_comes_back_with_its_arguments_as_an_object(local, served):
@@ -278,6 +280,7 @@ def test_an_unknown_model_is_a_404_with_our_message(local, call):
     (lambda c: c.chat(model=MODEL, messages=[{"role": "user", "content": "x", "images": [b"\x89PNG"]}]), 400,
      "images"),
     (lambda c: c.generate(model=MODEL, prompt="x", width=64, height=64), 400, "width: image generation"),
+    (lambda c: c.generate(model=MODEL, prompt="x", context=[10**6]), 400, "context: token id 1000000 is outside"),
     (lambda c: c.pull("tiny"), 501, "model management is not available"),
     (lambda c: c.delete("tiny"), 501, "model management is not available"),
     (lambda c: c.copy("tiny", "other"), 501, "model management is not available")])
@@ -307,6 +310,8 @@ def test_errors_are_ollamas_shape_and_the_openai_routes_keep_theirs(server):
         assert response.status_code == 400 and list(response.json()) == ["error"], response.text
         assert isinstance(response.json()["error"], str)
     assert httpx.get(server.url + "/api/nothing").json() == {"error": "no route GET /api/nothing"}
+    unnamed = httpx.post(server.url + "/api/show", json={})
+    assert unnamed.status_code == 400 and unnamed.json() == {"error": "model is required"}  # Ollama's words
     openai_error = httpx.post(server.url + "/v1/chat/completions", json={"model": "nope", "messages": MESSAGES})
     assert openai_error.status_code == 404 and openai_error.json()["error"]["code"] == "model_not_found"
 

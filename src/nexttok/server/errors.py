@@ -148,7 +148,9 @@ def describe_validation(errors: list[dict], content_type: str | None = None,
     if kind == "missing":
         return f"Missing required parameter: {'.'.join(loc)}", param
     if full_location:
-        return f"Invalid value for {location(first['loc'])}: {first.get('msg', '')}, got {first.get('input')!r}", param
+        given = repr(first.get("input"))
+        given = given if len(given) <= 60 else given[:57] + "..."  # a long value would drown the message
+        return f"Invalid value for {location(first['loc'])}: {first.get('msg', '')}, got {given}", param
     # a union (e.g. stop: string or list) fails once per alternative: say them all
     same = [e.get("msg", "") for e in errors if [str(p) for p in e.get("loc", ()) if p != "body"][:1] == loc[:1]]
     reasons = "; or ".join(dict.fromkeys(same))

@@ -175,6 +175,11 @@ def _generate_ids(served: ServedModel, body: OllamaGenerateRequest) -> tuple[lis
         if body.system:
             raise InvalidParameter("system", f"system: {served.name!r} has no chat template to put it in")
         return prompt_ids_for(served.model, served.tokenizer, body.prompt, served.context_length), False
+    vocab = served.model.config.vocab_size
+    outside = [i for i in body.context or () if i >= vocab]
+    if outside:  # not an id a reply of this model returned
+        raise InvalidParameter("context", f"context: token id {outside[0]} is outside the vocabulary of "
+                               f"{served.name!r} (0..{vocab - 1})")
     messages = [{"role": "system", "content": body.system}] if body.system else []
     ids, _, _ = chat_plan(served, ChatRequest(model=served.name, messages=[*messages,
                                                                            {"role": "user", "content": body.prompt}]))

@@ -15,6 +15,7 @@ from pathlib import Path
 from fastapi import APIRouter, Request
 
 from nexttok.checkpoints.weights import weight_bytes
+from nexttok.errors import InvalidParameter
 from nexttok.models.block_quant import BlockEmbedding, BlockLinear
 from nexttok.models.quant import Int4Linear, Int8Linear, Q8Embedding
 from nexttok.server.engine import ServedModel
@@ -76,6 +77,8 @@ async def running(request: Request):
 async def show(body: OllamaShowRequest, request: Request):
     """A model's details, architecture (model_info, GGUF's keys), chat template, the defaults a
     request gets (parameters) and capabilities. There is no Modelfile."""
+    if not (body.model or body.name):
+        raise InvalidParameter("model", "model is required")
     served = ollama_served(request, body.model or body.name)
     template = served.chat_template
     return {"details": details(served), "model_info": model_info(served),
