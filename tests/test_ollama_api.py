@@ -276,6 +276,7 @@ def test_an_unknown_model_is_a_404_with_our_message(local, call):
     (lambda c: c.generate(model=MODEL, prompt="x", template="{{ .Prompt }}"), 400, "template"),
     (lambda c: c.generate(model=MODEL, prompt="x", raw=True, system="s"), 400, "raw mode"),
     (lambda c: c.generate(model=MODEL, prompt="x", suffix="y"), 400, "fill-in-the-middle"),
+    (lambda c: c.generate(model=MODEL, prompt="x", suffix="y", system="s"), 400, "system cannot be combined"),
     (lambda c: c.chat(model=MODEL, messages=MESSAGES, tools=[WEATHER], format="json"), 400, "format"),
     (lambda c: c.chat(model=MODEL, messages=[{"role": "user", "content": "x", "images": [b"\x89PNG"]}]), 400,
      "images"),

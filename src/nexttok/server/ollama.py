@@ -170,6 +170,10 @@ def _generate_ids(served: ServedModel, body: OllamaGenerateRequest) -> tuple[lis
     prompt as is when raw (or the model has no chat template); else system + prompt as messages,
     after the ids of an earlier reply's `context`."""
     if body.suffix:
+        extra = next((name for name in ("system", "context") if getattr(body, name)), None)
+        if extra is not None:  # the infill prompt has no place for them: refused, not dropped
+            raise InvalidParameter(extra, f"{extra} cannot be combined with suffix (fill-in-the-middle takes the "
+                                   "prompt and suffix alone)")
         return fim_ids(served.tokenizer, body.prompt or "", body.suffix), False
     if body.raw or served.chat_template is None:
         if body.system:
