@@ -39,6 +39,8 @@ def fuzz(url: str, max_examples: int, on_error=None) -> int:
     count = 0
     for result in schema.get_all_operations():
         operation = result.ok()
+        if "501" in operation.definition.raw.get("responses", {}):
+            continue  # documented as not implemented (Ollama's model management): its one answer is that 501
 
         @settings(max_examples=max_examples, deadline=None, database=None, derandomize=True,
                   suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.generate, Phase.shrink])

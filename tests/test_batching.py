@@ -128,7 +128,7 @@ def test_n_choices_decode_together(chat_model_dir):
     assert steps < 4 * 15
 
 
-def test_full_queue_gets_429_with_retry_after(chat_model_dir):
+def test_full_queue_gets_429_with_retry_after_and_ollamas_503(chat_model_dir):
     with _server(chat_model_dir, max_running=1, max_queue=1) as live:
         long = {"prompt": "Long", "max_tokens": 3000, "temperature": 1.0, **NO_EOS}
         blockers = [threading.Thread(target=_stream_events, args=(live.url, long)) for _ in range(2)]
@@ -142,7 +142,10 @@ def test_full_queue_gets_429_with_retry_after(chat_model_dir):
         assert response.status_code == 429, response.text
         assert response.headers["Retry-After"] == "1"
         assert response.json()["error"]["code"] == "queue_full"
-        assert _metrics(live.url)["nexttok_rejected_total"] == 1
+        ollama = httpx.post(live.url + "/api/generate", json={"model": MODEL, "prompt": "x", "raw": True})
+        assert ollama.status_code == 503 and ollama.headers["Retry-After"] == "1"  # Ollama's status for it
+        assert list(ollama.json()) == ["error"] and "server busy" in ollama.json()["error"]
+        assert _metrics(live.url)["nexttok_rejected_total"] == 2
         live.stop()
         for thread in blockers:
             thread.join(timeout=30)

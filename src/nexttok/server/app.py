@@ -3,9 +3,10 @@
 Routes: POST /v1/completions, POST /v1/chat/completions (completions.py), POST /v1/responses and
 GET/DELETE /v1/responses/{id} (responses_api.py), POST /v1/messages and /v1/messages/count_tokens
 (Anthropic's Messages API, anthropic.py), POST /v1/embeddings (embeddings.py), GET /v1/models (and /{model}),
-POST /tokenize, POST /detokenize, GET /health, GET /metrics (routes.py), the explainer page and its
-API (explainer.py). Errors use OpenAI's shape {"error": {"message", "type", "param", "code"}}
-(errors.py), Anthropic's on its routes; client mistakes are 4xx, never 500.
+POST /tokenize, POST /detokenize, GET /health, GET /metrics (routes.py), Ollama's native API under
+/api (ollama.py), the explainer page and its API (explainer.py). Errors use OpenAI's shape
+{"error": {"message", "type", "param", "code"}} (errors.py), Anthropic's and Ollama's on their
+routes; client mistakes are 4xx, never 500.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from nexttok.server.errors import install_error_handlers
 from nexttok.server.lesson.routes import install_explainer
 from nexttok.server.limits import BodyLimit, ServerLimits
 from nexttok.server.metrics import Metrics
+from nexttok.server.ollama import install_ollama_routes
 from nexttok.server.openapi import openapi_spec
 from nexttok.server.responses_api import install_responses_routes
 from nexttok.server.routes import install_routes
@@ -59,6 +61,7 @@ def create_app(models: list[ServedModel], *, api_key: str | None = None,
     install_embedding_routes(app)
     install_responses_routes(app)
     install_anthropic_routes(app)
+    install_ollama_routes(app)
     install_explainer(app, lambda name: find_served(app.state.models, name))
     app.openapi = lambda: openapi_spec(app, api_key is not None)
     return app

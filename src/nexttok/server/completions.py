@@ -37,6 +37,7 @@ class GenerationPlan:
     top_n: int = 0  # top alternatives (logprobs) recorded per token
     schema: dict | None = None  # the JSON schema the output follows (response_format, tools): a grammar stage
     prompt_top_n: int | None = None  # score the prompt's tokens too, with this many alternatives (echo)
+    context_limit: int | None = None  # a request's own, smaller context window (Ollama's num_ctx)
 
     @classmethod
     def of(cls, body: SamplingFields, max_tokens: int | None, top_n: int) -> GenerationPlan:
@@ -60,8 +61,14 @@ class GenerationPlan:
         """Choice `index` of the request, over the prompt `ids`."""
         return Generation(served.model.config, served.tokenizer, ids, self.params_for_choice(index),
                           max_tokens=self.max_tokens, stop=self.stop, top_n=self.top_n,
-                          context_limit=served.context_length, constraint=self.constraint(served),
+                          context_limit=self.context(served), constraint=self.constraint(served),
                           prompt_top_n=self.prompt_top_n)
+
+    def context(self, served: ServedModel) -> int:
+        """Positions prompt + completion may take: the server's window for the model, or the
+        request's own when smaller."""
+        own = self.context_limit
+        return served.context_length if own is None else min(own, served.context_length)
 
     def constraint(self, served: ServedModel) -> Constraint | None:
         """A new grammar stage for one choice (a matcher follows one text), or None."""

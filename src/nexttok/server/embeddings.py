@@ -80,15 +80,21 @@ def install_embedding_routes(app: FastAPI) -> None:
         served = find_served(app.state.models, body.model)
         check_dimensions(served, body.dimensions)
         inputs = input_ids(served, body.input)
-        deadline = None if app.state.limits.request_timeout is None else (
-            time.monotonic() + app.state.limits.request_timeout)
-        async with app.state.explainer.state(served).lock:  # forwards outside the scheduler: one at a time
-            vectors = await anyio.to_thread.run_sync(lambda: _embed_all(served, inputs, deadline))
+        vectors = await embed(app, served, inputs)
         tokens = sum(map(len, inputs))
         data = [{"object": "embedding", "index": i, "embedding": encode_vector(v, body.encoding_format)}
                 for i, v in enumerate(vectors)]
         return {"object": "list", "data": data, "model": served.name,
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+
+async def embed(app: FastAPI, served: ServedModel, inputs: list[list[int]]) -> list[torch.Tensor]:
+    """Each input's vector, in order, computed in a worker thread; past the server's request
+    timeout the request ends (504). Ollama's /api/embed and /api/embeddings use it too."""
+    deadline = None if app.state.limits.request_timeout is None else (
+        time.monotonic() + app.state.limits.request_timeout)
+    async with app.state.explainer.state(served).lock:  # forwards outside the scheduler: one at a time
+        return await anyio.to_thread.run_sync(lambda: _embed_all(served, inputs, deadline))
 
 
 def _embed_all(served: ServedModel, inputs: list[list[int]], deadline: float | None) -> list[torch.Tensor]:
@@ -110,12 +116,14 @@ def check_dimensions(served: ServedModel, dimensions: int | None) -> None:
                                "truncated (Matryoshka), so a shorter vector would lose meaning")
 
 
-def input_ids(served: ServedModel, given: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:
+def input_ids(served: ServedModel, given: str | list[str] | list[int] | list[list[int]],
+              truncate: bool = False) -> list[list[int]]:
     """Token ids of each input (the schema has bounded their number and refused empty lists):
-    input_ids(served, [[5, 6], [7]]) == [[5, 6], [7]]. Errors name `input` and, in a list, the item."""
+    input_ids(served, [[5, 6], [7]]) == [[5, 6], [7]]. Errors name `input` and, in a list, the item.
+    truncate: an input longer than the context window is cut to it (Ollama's default) instead."""
     single = isinstance(given, str) or all(isinstance(t, int) for t in given)
     items = [given] if single else given
-    inputs = [_ids_of(served, item, "input" if single else f"input[{i}]") for i, item in enumerate(items)]
+    inputs = [_ids_of(served, item, "input" if single else f"input[{i}]", truncate) for i, item in enumerate(items)]
     total = sum(map(len, inputs))
     if total > MAX_REQUEST_TOKENS:
         raise InvalidParameter("input", f"the inputs are {total} tokens together; a request may have at most "
@@ -123,7 +131,7 @@ def input_ids(served: ServedModel, given: str | list[str] | list[int] | list[lis
     return inputs
 
 
-def _ids_of(served: ServedModel, item: str | list[int], where: str) -> list[int]:
+def _ids_of(served: ServedModel, item: str | list[int], where: str, truncate: bool = False) -> list[int]:
     """One input's ids, checked against the vocabulary and the context window."""
     if isinstance(item, str):
         if not item:
@@ -140,6 +148,8 @@ def _ids_of(served: ServedModel, item: str | list[int], where: str) -> list[int]
     if not ids:  # text a normalizer strips away entirely: nothing to pool
         raise InvalidParameter("input", f"{where} encodes to no tokens")
     context = served.context_length
+    if len(ids) > context and truncate:
+        return ids[:context]
     if len(ids) > context:
         raise InvalidParameter("input", f"{where} is {len(ids)} tokens; the context window of {served.name!r} "
                                f"is {context}", "context_length_exceeded")

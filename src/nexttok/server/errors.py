@@ -1,8 +1,8 @@
 """Errors in OpenAI's shape: {"error": {"message", "type", "param", "code"}}, and the handlers that
 turn every exception a request can raise into one (client mistakes are 4xx, never 500). Another
-API's routes (Anthropic's /v1/messages) answer in that API's own shape: each registers an
-ErrorShape for its paths in app.state.error_shapes, and every handler here writes in the shape
-of the path it answers."""
+API's routes (Anthropic's /v1/messages, Ollama's /api) answer in that API's own shape: each
+registers an ErrorShape for its paths in app.state.error_shapes, and every handler here writes in
+the shape of the path it answers."""
 
 from __future__ import annotations
 
@@ -34,11 +34,14 @@ class APIError(Exception):
 class ErrorShape:
     """How one API writes an error: its body from (status, message, param, code, OpenAI's type),
     the status it answers with where that differs (statuses: Anthropic says 529 where OpenAI says
-    429), and the body's schema for /openapi.json."""
+    429), and the body's schema for /openapi.json. full_location: an invalid value is named by
+    where it is, options.temperature or messages[0].role (an API whose body has no `param` to
+    point at, and whose schemas have no unions, so every part of a location is a name)."""
 
     body: Callable[[int, str, str | None, str | None, str], dict]
     schema: type[BaseModel]
     statuses: Mapping[int, int] = field(default_factory=dict)
+    full_location: bool = False
 
     def status(self, status: int) -> int:
         return self.statuses.get(status, status)
@@ -95,8 +98,9 @@ def _install_request_errors(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation(request: Request, e: RequestValidationError):
-        message, param = describe_validation(e.errors(), request.headers.get("content-type"))
-        return request_error(request, 400, message, param)
+        shape = error_shape(request.app, request.url.path)
+        message, param = describe_validation(e.errors(), request.headers.get("content-type"), shape.full_location)
+        return shape.response(400, message, param)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException):
@@ -126,9 +130,11 @@ def _install_scheduler_errors(app: FastAPI) -> None:
         return request_error(request, 503, str(e), code="shutting_down", kind="server_error")
 
 
-def describe_validation(errors: list[dict], content_type: str | None = None) -> tuple[str, str | None]:
+def describe_validation(errors: list[dict], content_type: str | None = None,
+                        full_location: bool = False) -> tuple[str, str | None]:
     """One clear message from pydantic's list, naming the (top-level) parameter:
-    [{"type": "missing", "loc": ("body", "prompt")}] -> ("Missing required parameter: prompt", "prompt")."""
+    [{"type": "missing", "loc": ("body", "prompt")}] -> ("Missing required parameter: prompt", "prompt").
+    full_location: an invalid value is named by its whole location (ErrorShape.full_location)."""
     first = errors[0]
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     param = loc[0] if loc else None
@@ -141,10 +147,24 @@ def describe_validation(errors: list[dict], content_type: str | None = None) -> 
         return f"Unrecognized request argument supplied: {'.'.join(loc)}", param
     if kind == "missing":
         return f"Missing required parameter: {'.'.join(loc)}", param
+    if full_location:
+        given = repr(first.get("input"))
+        given = given if len(given) <= 60 else given[:57] + "..."  # a long value would drown the message
+        return f"Invalid value for {location(first['loc'])}: {first.get('msg', '')}, got {given}", param
     # a union (e.g. stop: string or list) fails once per alternative: say them all
     same = [e.get("msg", "") for e in errors if [str(p) for p in e.get("loc", ()) if p != "body"][:1] == loc[:1]]
     reasons = "; or ".join(dict.fromkeys(same))
     return f"Invalid value for {param}: {reasons}", param
+
+
+def location(loc) -> str:
+    """location(("body", "messages", 0, "role")) -> "messages[0].role"."""
+    text = ""
+    for part in loc:
+        if part == "body" and not text:
+            continue
+        text += f"[{part}]" if isinstance(part, int) else f".{part}" if text else str(part)
+    return text
 
 
 def describe_body_error(error: dict, content_type: str | None) -> str:

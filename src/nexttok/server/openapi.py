@@ -1,14 +1,16 @@
 """The OpenAPI spec of the responses this server really gives: each API's own error shape (OpenAI's,
-Anthropic's on its routes; never FastAPI's 422), and server-sent events for streaming requests."""
+Anthropic's and Ollama's on their routes; never FastAPI's 422), and the stream of each streaming
+route (server-sent events; Ollama's: NDJSON)."""
 
 from __future__ import annotations
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from nexttok.server import anthropic
+from nexttok.server import anthropic, ollama
 from nexttok.server.auth import needs_key
 from nexttok.server.errors import OPENAI_ERRORS, ErrorShape, error_shape
+from nexttok.server.ollama_wire import NDJSON
 
 ERROR_RESPONSES = {
     "400": "a parameter is invalid (the error names it), or the body is empty, not valid JSON or "
@@ -21,8 +23,12 @@ ERROR_RESPONSES = {
     "503": "the server is shutting down",
     "504": "the request ran past the server's request timeout",
 }
+EVENTS = "text/event-stream"
 CHUNKS = "data: {chunk} lines, then data: [DONE]"
-STREAMING_PATHS = {"/v1/completions": CHUNKS, "/v1/chat/completions": CHUNKS, **anthropic.STREAMING_PATHS}
+# path -> (media type, what the stream holds)
+STREAMING_PATHS = {"/v1/completions": (EVENTS, CHUNKS), "/v1/chat/completions": (EVENTS, CHUNKS),
+                   **{path: (EVENTS, text) for path, text in anthropic.STREAMING_PATHS.items()},
+                   **{path: (NDJSON, text) for path, text in ollama.STREAMING_PATHS.items()}}
 
 
 def openapi_spec(app: FastAPI, with_auth: bool) -> dict:
@@ -46,13 +52,21 @@ def openapi_spec(app: FastAPI, with_auth: bool) -> dict:
 
 def _fix_responses(path: str, responses: dict, with_auth: bool, shape: ErrorShape) -> None:
     """One operation's responses: the errors it can give instead of 422, in its API's shape and
-    statuses; SSE where it streams."""
+    statuses (a route's own 5xx too: Ollama's 501s); its stream's media type where it streams."""
     error_content = {"application/json": {"schema": {"$ref": f"#/components/schemas/{shape.schema.__name__}"}}}
     responses.pop("422", None)
+    written: set[str] = set()
     for code, description in ERROR_RESPONSES.items():
         if code == "401" and (not with_auth or not needs_key(path)):
             continue
-        responses[str(shape.status(int(code)))] = {"description": description, "content": error_content}
+        status = str(shape.status(int(code)))
+        if status in written:  # two causes one status in this API (Ollama's 503: busy or shutting down)
+            description = f"{responses[status]['description']}; or {description}"
+        responses[status] = {"description": description, "content": error_content}
+        written.add(status)
+    for code in responses:
+        if code.startswith("5") and code not in ERROR_RESPONSES:  # a route's own, declared without a body
+            responses[code]["content"] = error_content
     if path in STREAMING_PATHS:
-        responses["200"].setdefault("content", {})["text/event-stream"] = {
-            "schema": {"type": "string", "description": STREAMING_PATHS[path]}}
+        media, text = STREAMING_PATHS[path]
+        responses["200"].setdefault("content", {})[media] = {"schema": {"type": "string", "description": text}}
