@@ -161,7 +161,7 @@ def generate_step(model: Model, generation: Generation, *, use_cache: bool = Tru
     device = parameter.device
     context = list(generation.prompt_ids)
     cache = KVCache.for_model(model.config, max_len=generation.max_len, dtype=parameter.dtype,
-                              device=device) if use_cache else None
+                              device=device, windowed=True) if use_cache else None
     first = True
     while True:
         start = time.perf_counter()

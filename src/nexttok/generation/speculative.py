@@ -36,7 +36,7 @@ from nexttok.generation.prefill import prefill
 from nexttok.generation.sampling import Sample, SamplingParams, check_logits, pick
 from nexttok.generation.stages import NEG_INF
 from nexttok.models import Model
-from nexttok.models.cache import KVCache
+from nexttok.models.cache import KVCache, StateRollback
 from nexttok.tokenizers.tokenizer import Tokenizer
 
 DRAFT_TOKENS = 5  # k: tokens drafted per round
@@ -71,14 +71,16 @@ class ModelDrafter:
         weights = next(self.model.parameters())
         if self.cache is None or self.cache.max_len < len(context) + k:
             self.cache = KVCache.for_model(self.model.config, max_len=max(2 * (len(context) + k), 256),
-                                           dtype=weights.dtype, device=weights.device)
+                                           dtype=weights.dtype, device=weights.device, windowed=True)
             self.cached = []
         same = 0
         while same < min(len(self.cached), len(context) - 1) and self.cached[same] == context[same]:
             same += 1
-        if self.cache.state_layers and same < len(self.cached):  # a recurrent state goes back only to the start
+        try:
+            self.cache.truncate(same)
+        except StateRollback:  # a recurrent state, or window keys already dropped: start again
             same = 0
-        self.cache.truncate(same)
+            self.cache.truncate(0)
         draft = []
         with torch.inference_mode():
             logits = prefill(self.model, self.cache, list(context), start=same)
@@ -143,7 +145,8 @@ def speculative_stream(model: Model, tokenizer: Tokenizer, prompt: str | Sequenc
     weights = next(model.parameters())
     ids = prompt_ids_for(model, tokenizer, prompt)
     generation = Generation(model.config, tokenizer, ids, params, device=weights.device, **options)
-    cache = KVCache.for_model(model.config, max_len=generation.max_len, dtype=weights.dtype, device=weights.device)
+    cache = KVCache.for_model(model.config, max_len=generation.max_len, dtype=weights.dtype, device=weights.device,
+                              windowed=True)
     start = time.perf_counter()
     with torch.inference_mode():
         logits = prefill(model, cache, ids)

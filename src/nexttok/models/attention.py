@@ -37,9 +37,9 @@ class AttentionCapture:
     """What a forward pass records for a viewer when one is passed in (capture=...). Computed apart
     from the fast kernels, so a pass without a capture pays nothing.
 
-    Always, per attention layer (layers: which; a recurrent layer records none): the attention weights of the last query over every key (B, n_head, S); per
-    mixture-of-experts layer, the router's choice for every position (experts[layer]: ids and
-    weights (B, T, k), probs (B, T, E)).
+    Always, per attention layer (layers: which; a recurrent layer records none): the attention
+    weights of the last query over every key (B, n_head, S); per mixture-of-experts layer, the
+    router's choice for every position (experts[layer]: ids and weights (B, T, k), probs (B, T, E)).
     With full=True also, per layer: every query's weights (B, n_head, T, S), the queries, keys and
     values the weights came from (q (B, n_head, T, hd); k, v (B, n_head, S, hd), shared heads
     repeated), and the residual stream (B, T, hidden) after the embeddings and after each layer."""
@@ -237,15 +237,17 @@ def masks_for(q_pos: torch.Tensor, k_pos: torch.Tensor, windows: set[int | None]
     of different lengths, each stored from slot 0): attention goes row by row (Ragged).
     """
     spans = cache.spans if cache is not None else None
-    t, s = q_pos.shape[1], k_pos.shape[1]
+    t = q_pos.shape[1]
     masks: dict = {}
     for w in windows:
+        start = cache.key_start(w) if w is not None and hasattr(cache, "key_start") else 0  # windowed: kept from here
+        s = k_pos.shape[1] - start
         if spans is not None and t == 1:
             masks[w] = Ragged(tuple((max(a, b - w) if w else a, b) for a, b in spans))
         elif contiguous and (w is None or s <= w) and t in (1, s):
             masks[w] = ALL if t == 1 else CAUSAL
         else:
-            masks[w] = attention_mask(q_pos, k_pos, w)
+            masks[w] = attention_mask(q_pos, k_pos[:, start:], w)
     return masks
 
 

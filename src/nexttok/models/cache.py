@@ -5,6 +5,13 @@ One forward call first reserves its slots (`append_positions`), then each attent
 its keys and values there (`update_and_fetch`) and attends over everything cached so far. Slot
 positions are kept too (-1 = empty or padding), which is what the attention mask is built from.
 
+A sliding-window layer reads only the last `window` keys, so a windowed cache (for_model(...,
+windowed=True): generation's) keeps only those for it, plus WINDOW_SLACK and a prefill chunk's room:
+its keys live in a buffer of their own, in order, whose start (`base`, a slot) moves up when the
+buffer fills (the last window - 1 + WINDOW_SLACK keys moved to its front: amortised, one copy per
+chunk of tokens). Gemma 3's local layers (window 512) then hold 672 slots at any context instead of
+32,768. Truncating back past what the buffer kept is a StateRollback.
+
 A recurrent layer (LFM2's short convolutions) keeps no keys: it folds each token into a state of
 its own whose size does not grow with the context (`state`), updated in place. A state cannot be
 taken back a token (it holds no history), so such a cache truncates only to 0 or to where it is.
@@ -12,7 +19,7 @@ taken back a token (it holds no history), so such a cache truncates only to 0 or
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 import torch
@@ -31,7 +38,55 @@ class ContextFull(ValueError):
 
 
 class StateRollback(ValueError):
-    """A cache with recurrent states asked to forget some of its tokens but not all."""
+    """A cache with recurrent states (or sliding-window keys it no longer holds) asked to go back to a
+    token it cannot."""
+
+
+WINDOW_SLACK = 32  # keys kept past a window, so speculative decoding can take back its refused drafts (at most 16)
+WINDOW_CHUNK = 128  # room for a prefill chunk's new keys (generation/prefill.py's BLOCK) before the buffer moves
+
+
+class _WindowKeys:
+    """The keys and values of the layers sharing one sliding window, for the last slots only: buffer
+    index i holds slot base + i. lo: the first slot this call's queries may see (set per call)."""
+
+    def __init__(self, window: int, layers: list[int], batch: int, n_kv_heads: int, capacity: int, head_dim: int,
+                 dtype: torch.dtype, device):
+        self.window, self.row = window, {layer: i for i, layer in enumerate(layers)}
+        shape = (len(layers), batch, n_kv_heads, capacity, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.base = self.lo = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[3]
+
+    def make_room(self, offset: int, t: int) -> None:
+        """Before slots offset..offset + t - 1 are written: drop what no query from there on sees
+        (keeping WINDOW_SLACK more), growing the buffer only where a call brings more than it holds."""
+        if offset + t - self.base <= self.capacity:
+            return
+        start = max(self.base, offset - (self.window - 1) - WINDOW_SLACK)
+        keep = offset - start
+        if keep + t > self.capacity:  # one call of more tokens than the room: a bigger buffer
+            k, v = self.k, self.v
+            shape = (*k.shape[:3], keep + t + WINDOW_CHUNK, k.shape[4])
+            self.k, self.v = k.new_zeros(shape), v.new_zeros(shape)
+            self.k[:, :, :, :keep] = k[:, :, :, start - self.base : offset - self.base]
+            self.v[:, :, :, :keep] = v[:, :, :, start - self.base : offset - self.base]
+        else:
+            self.k[:, :, :, :keep] = self.k[:, :, :, start - self.base : offset - self.base].clone()
+            self.v[:, :, :, :keep] = self.v[:, :, :, start - self.base : offset - self.base].clone()
+        self.base = start
+
+    def fetch(self, layer: int, start: int, end: int, k: torch.Tensor, v: torch.Tensor):
+        """Store slots start..end-1; return the keys and values of slots lo..end-1."""
+        r = self.row[layer]
+        self.k[r, :, :, start - self.base : end - self.base] = k
+        self.v[r, :, :, start - self.base : end - self.base] = v
+        a, b = self.lo - self.base, end - self.base
+        return self.k[r, :, :, a:b], self.v[r, :, :, a:b]
 
 
 class Cache(Protocol):
@@ -53,14 +108,21 @@ class Cache(Protocol):
 
 class KVCache:
     """state_layers: the layers that keep a recurrent state instead of keys and values (no rows of
-    k and v are kept for them; kv_row maps every other layer to its row)."""
+    k and v are kept for them; kv_row maps the full attention layers to theirs). windows: layer ->
+    its sliding window, for the layers whose keys are kept for their window only (_WindowKeys)."""
 
     def __init__(
         self, n_layers: int, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
         dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", state_layers: Sequence[int] = (),
+        windows: Mapping[int, int] | None = None,
     ):
         self.n_layers, self.state_layers = n_layers, tuple(state_layers)
-        kv_layers = [i for i in range(n_layers) if i not in self.state_layers]
+        self.windows = dict(windows or {})
+        self.window_keys = {
+            w: _WindowKeys(w, [i for i in sorted(self.windows) if self.windows[i] == w], batch, n_kv_heads,
+                           min(max_len, w + WINDOW_SLACK + WINDOW_CHUNK), head_dim, dtype, device)
+            for w in sorted(set(self.windows.values()))}
+        kv_layers = [i for i in range(n_layers) if i not in self.state_layers and i not in self.windows]
         self.kv_row = {layer: row for row, layer in enumerate(kv_layers)}
         self.states: dict[tuple[int, str], torch.Tensor] = {}  # (layer, name) -> (batch, ...), made on first use
         shape = (len(kv_layers), batch, n_kv_heads, max_len, head_dim)
@@ -75,12 +137,30 @@ class KVCache:
 
     @classmethod
     def for_model(cls, config, batch: int = 1, max_len: int | None = None, dtype=torch.float32,
-                  device="cpu") -> KVCache:
+                  device="cpu", windowed: bool = False) -> KVCache:
         """A cache sized for `config` (max_len defaults to the model's context window), for a model
-        whose weights are `dtype` (the cache's own dtype: storage_dtype)."""
+        whose weights are `dtype` (the cache's own dtype: storage_dtype). windowed: sliding-window
+        layers keep their window's keys only (generation; a viewer of every key asks for all)."""
         max_len = max_len or config.max_position_embeddings
+        windows = {i: config.sliding_window for i, kind in enumerate(config.layer_types)
+                   if kind == "sliding_attention"} if windowed else None
         return cls(config.num_hidden_layers, batch, config.num_key_value_heads, max_len,
-                   config.head_dim, storage_dtype(dtype, device), device, config.recurrent_layers)
+                   config.head_dim, storage_dtype(dtype, device), device, config.recurrent_layers, windows)
+
+    def key_start(self, window: int | None) -> int:
+        """The first slot the current call's keys start at for layers of this window (0: all)."""
+        group = self.window_keys.get(window)
+        return 0 if group is None else group.lo
+
+    def held_bytes(self) -> dict[str, int]:
+        """Bytes held per layer type: "full" (keys for the whole context), "sliding" (a window's
+        keys), "recurrent" (states), as allocated now."""
+        def size(t: torch.Tensor) -> int:
+            return t.numel() * t.element_size()
+
+        return {"full": size(self.k) + size(self.v),
+                "sliding": sum(size(g.k) + size(g.v) for g in self.window_keys.values()),
+                "recurrent": self.state_bytes()}
 
     @property
     def batch(self) -> int:
@@ -98,6 +178,9 @@ class KVCache:
                 f"context window full: {self.offset} cached + {t} new tokens > {self.max_len}"
             )
         self.contiguous = self.contiguous and contiguous
+        for group in self.window_keys.values():
+            group.make_room(self.offset, t)
+            group.lo = max(group.base, self.offset + t - group.window) if t == 1 else group.base
         self._start = self.offset
         self.offset += t
         self.pos[:, self._start : self.offset] = positions
@@ -107,6 +190,8 @@ class KVCache:
         self, layer: int, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store this call's k, v (B, n_kv_heads, T, head_dim); return all cached (B, n_kv, S, hd)."""
+        if layer in self.windows:
+            return self.window_keys[self.windows[layer]].fetch(layer, self._start, self.offset, k, v)
         row = self.kv_row[layer]
         self.k[row, :, :, self._start : self.offset] = k
         self.v[row, :, :, self._start : self.offset] = v
@@ -134,6 +219,12 @@ class KVCache:
         if self.state_layers and 0 < length < self.offset:
             raise StateRollback(f"recurrent layers {list(self.state_layers)} keep a state that cannot be "
                                 f"taken back to token {length} of {self.offset}")
+        for group in self.window_keys.values():
+            if 0 < length < self.offset and length - (group.window - 1) < group.base:
+                raise StateRollback(f"sliding-window layers keep keys from token {group.base} on; going back to "
+                                    f"token {length} needs them from {length - group.window + 1}")
+            if length == 0:
+                group.base = group.lo = 0
         if length == 0:
             for state in self.states.values():
                 state.zero_()

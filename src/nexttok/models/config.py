@@ -123,7 +123,8 @@ class ModelConfig:
             raise ConfigError(f"no_rope_layers must be 0 or 1 for each of {self.num_hidden_layers} layers")
         bad = set(self.layer_types) - set(LAYER_TYPES)
         if bad:
-            raise ConfigError(f"layer_types entries {sorted(bad)} are not supported (supported: {', '.join(LAYER_TYPES)})")
+            raise ConfigError(f"layer_types entries {sorted(bad)} are not supported "
+                              f"(supported: {', '.join(LAYER_TYPES)})")
         if "conv" in self.layer_types and (type(self.conv_kernel) is not int or self.conv_kernel < 2):
             raise ConfigError(f"conv layers need a kernel of at least 2 inputs, got {self.conv_kernel!r}")
         if "sliding_attention" in self.layer_types and not self.sliding_window:

@@ -125,9 +125,12 @@ class Replicas:
         return None if key is None else self.caches[key]
 
     def _new(self, key: int, spec: tuple) -> None:
-        kind, n_layers, rows, max_len, head_dim, dtype = spec
-        cls = SlotCache if kind == "slots" else KVCache
-        self.caches[key] = cls(n_layers, rows, self.n_kv_heads, max_len, head_dim, dtype, self.device)
+        kind, n_layers, rows, max_len, head_dim, dtype, windows = spec
+        if kind == "slots":
+            self.caches[key] = SlotCache(n_layers, rows, self.n_kv_heads, max_len, head_dim, dtype, self.device)
+        else:
+            self.caches[key] = KVCache(n_layers, rows, self.n_kv_heads, max_len, head_dim, dtype, self.device,
+                                       windows=windows)
 
     def _sync(self, key: int, offset: int, contiguous: bool) -> None:
         cache = self.caches[key]
@@ -145,7 +148,10 @@ class Replicas:
 
 
 def _spec(cache: SlotCache | KVCache) -> tuple:
-    """What a replica is built from: kind, layers, rows (batch or slots), max_len, head_dim, dtype."""
+    """What a replica is built from: kind, layers, rows (batch or slots), max_len, head_dim, dtype, and
+    the layers whose keys are kept for their window only (a forward pass moves each replica's window
+    buffers as rank 0's)."""
     store = cache.store if isinstance(cache, SlotCache) else cache
-    n_layers, rows, _, max_len, head_dim = store.k.shape
-    return ("slots" if isinstance(cache, SlotCache) else "kv", n_layers, rows, max_len, head_dim, store.k.dtype)
+    _, rows, _, max_len, head_dim = store.k.shape
+    return ("slots" if isinstance(cache, SlotCache) else "kv", store.n_layers, rows, max_len, head_dim, store.k.dtype,
+            store.windows)
