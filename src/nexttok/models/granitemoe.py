@@ -16,7 +16,7 @@ block_sparse_moe.router.layer: renamed as they are read.
 from __future__ import annotations
 
 from nexttok.models import llama, moe
-from nexttok.models.architecture import Architecture, GGUFLayout, GGUFMeta
+from nexttok.models.architecture import Architecture, GGUFLayout, GGUFMeta, representable
 from nexttok.models.config import ModelConfig, positive_number
 
 
@@ -55,8 +55,8 @@ def gguf_config(meta: GGUFMeta) -> dict:
 
 
 def gguf_metadata(config: ModelConfig) -> dict:
-    moe.representable(config.head_dim * config.num_attention_heads == config.hidden_size,
-                      "a head_dim other than hidden_size / heads in a granitemoe file")
+    representable(config.head_dim * config.num_attention_heads == config.hidden_size,
+                  "a head_dim other than hidden_size / heads in a granitemoe file")
     return {**llama.gguf_metadata(config), **moe.gguf_metadata(config),
             **{theirs: float(getattr(config, ours)) for ours, theirs in SCALES.items()}}
 
