@@ -331,3 +331,26 @@ def pairs(tmp_path_factory):
         return made[name]
 
     return get
+
+
+@pytest.fixture(scope="module")
+def written_gguf(tmp_path_factory):
+    """(name, kind) -> (HF model, .gguf path): a tiny_models spec with the tiny tokenizer, written as a
+    GGUF of that kind by our exporter (checkpoints/export.py), each once per module."""
+    from nexttok.checkpoints.export import write_gguf
+    from tiny_models import write_tiny, write_tiny_tokenizer
+
+    made = {}
+
+    def get(name, kind="F32"):
+        if name not in made:
+            directory = tmp_path_factory.mktemp(name)
+            hf = write_tiny(name, directory)
+            write_tiny_tokenizer(directory)
+            made[name] = (hf, directory, {})
+        hf, directory, files = made[name]
+        if kind not in files:
+            files[kind] = write_gguf(directory, directory / f"model-{kind}.gguf", kind)
+        return hf, files[kind]
+
+    return get

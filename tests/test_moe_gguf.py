@@ -16,78 +16,47 @@ from nexttok.checkpoints.loading import load_checkpoint, load_model
 from nexttok.checkpoints.weights import weight_bytes
 from nexttok.models import kernels
 from nexttok.models.block_quant import BlockExperts
-from nexttok.models.cache import KVCache
 from nexttok.models.moe import Experts
-from tiny_models import GGUF_MOE, VOCAB, write_tiny, write_tiny_tokenizer
+from tiny_models import (
+    GGUF_MOE,
+    assert_hfs_logits_at_every_step_and_in_a_padded_batch,
+    random_ids,
+    write_tiny,
+    write_tiny_tokenizer,
+)
 
 ATOL = 1e-4
 ARCHS = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "llama", "olmoe": "olmoe",
          "gpt_oss": "gpt-oss", "glm4_moe": "glm4moe", "granitemoe": "granitemoe"}
 
 
-@pytest.fixture(scope="module")
-def written(tmp_path_factory):
-    """name -> (HF model, directory, {kind: .gguf path}), written once for the module."""
-    made = {}
-
-    def get(name, kind="F32"):
-        if name not in made:
-            directory = tmp_path_factory.mktemp(name)
-            hf = write_tiny(name, directory)
-            write_tiny_tokenizer(directory)
-            made[name] = (hf, directory, {})
-        hf, directory, files = made[name]
-        if kind not in files:
-            files[kind] = write_gguf(directory, directory / f"model-{kind}.gguf", kind)
-        return hf, files[kind]
-
-    return get
-
-
-def _ids(n: int, seed: int = 1, batch: int = 1) -> torch.Tensor:
-    return torch.randint(0, VOCAB, (batch, n), generator=torch.Generator().manual_seed(seed))
-
-
 @pytest.mark.parametrize("name", GGUF_MOE)
 @torch.inference_mode()
-def test_float_gguf_gives_hfs_logits_at_every_step_and_in_a_padded_batch(written, name):
-    hf, path = written(name)
+def test_float_gguf_gives_hfs_logits_at_every_step_and_in_a_padded_batch(written_gguf, name):
+    hf, path = written_gguf(name)
     assert GGUFReader(str(path)).fields["general.architecture"].contents() == ARCHS[name]
     ours = load_model(path)
     assert ours.config.model_type == name
-    ids = _ids(20, seed=2)
-    expected = hf(ids).logits
-    cache = KVCache.for_model(ours.config, max_len=24)
-    torch.testing.assert_close(ours(ids[:, :8], cache), expected[:, :8], atol=ATOL, rtol=0)
-    for t in range(8, 20):
-        torch.testing.assert_close(ours(ids[:, t : t + 1], cache)[:, 0], expected[:, t], atol=ATOL, rtol=0)
-    short, long = _ids(9, seed=3)[0], _ids(14, seed=4)[0]
-    batch = torch.zeros(2, 14, dtype=torch.long)
-    positions = torch.full((2, 14), -1)
-    batch[0, 5:], positions[0, 5:] = short, torch.arange(9)  # left padding
-    batch[1], positions[1] = long, torch.arange(14)
-    got = ours(batch, KVCache.for_model(ours.config, batch=2, max_len=14), positions)
-    torch.testing.assert_close(got[0, 5:], hf(short[None]).logits[0], atol=ATOL, rtol=0)
-    torch.testing.assert_close(got[1], hf(long[None]).logits[0], atol=ATOL, rtol=0)
+    assert_hfs_logits_at_every_step_and_in_a_padded_batch(hf, ours, ATOL)
 
 
 @pytest.mark.skipif(not kernels.available(), reason="no C++ compiler: the kernels are not built")
 @pytest.mark.parametrize("name", GGUF_MOE)
 @torch.inference_mode()
-def test_q8_0_gguf_runs_its_experts_in_blocks(written, name):
+def test_q8_0_gguf_runs_its_experts_in_blocks(written_gguf, name):
     """As shipped, the experts stay Q8_0 (BlockExperts, the file's bytes); the model agrees with the
     same file dequantized (float experts) up to the kernels' 8-bit activations, and with HF up to
     the file's 8-bit weights. The bounds are on the mean and on the distributions' KL divergence (a
     near tie between two experts' scores may go the other way at a position; and these random
     models' distributions are near uniform, so which token is top is a coin toss). Measured: mean
     error 0.2-0.8% of the largest logit, KL 1e-6..3e-4 nats."""
-    hf, path = written(name, "Q8_0")
+    hf, path = written_gguf(name, "Q8_0")
     shipped, dequantized = load_model(path), load_model(path, dtype="float32")
     experts = [m for m in shipped.modules() if isinstance(m, BlockExperts)]
     assert len(experts) == shipped.config.mlp_types.count("sparse") and experts[0].gate_up.kinds == ["Q8_0", "Q8_0"]
     assert not any(isinstance(m, Experts) for m in shipped.modules())
     assert weight_bytes(shipped) <= 1.1 * path.stat().st_size
-    ids = _ids(16, seed=5)
+    ids = random_ids(16, seed=5)
     got, ref, expected = shipped(ids), dequantized(ids), hf(ids).logits
     scale = expected.abs().max()
     for other in (ref, expected):
@@ -97,9 +66,9 @@ def test_q8_0_gguf_runs_its_experts_in_blocks(written, name):
 
 
 @torch.inference_mode()
-def test_a_checkpoint_round_trips_through_gguf_and_back(written, tmp_path):
+def test_a_checkpoint_round_trips_through_gguf_and_back(written_gguf, tmp_path):
     """load_checkpoint on the GGUF: tokenizer and config from the file's metadata, as the directory's."""
-    _, path = written("glm4_moe")
+    _, path = written_gguf("glm4_moe")
     checkpoint = load_checkpoint(path)
     assert checkpoint.tokenizer.encode("Hi!") == [ord("H"), ord("i"), ord("!")]
     config = checkpoint.model.config
@@ -156,15 +125,15 @@ def test_gpt_oss_gguf_stops_where_llama_cpp_does(tmp_path):
 
 @pytest.mark.skipif(not kernels.available(), reason="no C++ compiler: the kernels are not built")
 @torch.inference_mode()
-def test_mxfp4_experts_as_gpt_oss_ships_them(written):
+def test_mxfp4_experts_as_gpt_oss_ships_them(written_gguf):
     """gpt-oss ships its experts in MXFP4: written so (the gguf package's quantizer), they run on the
     block kernels and agree with the same file dequantized and with HF (a 4-bit format: looser)."""
-    hf, path = written("gpt_oss", "MXFP4")
+    hf, path = written_gguf("gpt_oss", "MXFP4")
     shipped, dequantized = load_model(path), load_model(path, dtype="float32")
     experts = [m for m in shipped.modules() if isinstance(m, BlockExperts)]
     assert experts and experts[0].gate_up.kinds == ["MXFP4", "MXFP4"] and experts[0].down.kinds == ["MXFP4"]
     assert weight_bytes(shipped) <= 1.1 * path.stat().st_size
-    ids = _ids(16, seed=6)
+    ids = random_ids(16, seed=6)
     got, ref, expected = shipped(ids), dequantized(ids), hf(ids).logits
     kl = torch.nn.functional.kl_div
     assert kl(got.log_softmax(-1), ref.log_softmax(-1), log_target=True, reduction="none").sum(-1).mean() <= 1e-3

@@ -68,6 +68,8 @@ SPECS = {
                                       attention_bias=True, tie_word_embeddings=False, **SMOLLM3_IDS)),
     "smollm3_sliding": ("SmolLM3Config", dict(COMMON, num_hidden_layers=3, num_key_value_heads=2, **SMOLLM3_IDS,
                                               no_rope_layer_interval=3, use_sliding_window=True, sliding_window=5)),
+    # SmolLM3's own NoPE interval (4), which llama.cpp hard-codes: the one its GGUF holds
+    "smollm3_every4": ("SmolLM3Config", dict(COMMON, num_hidden_layers=4, num_key_value_heads=2, **SMOLLM3_IDS)),
     "olmo2": ("Olmo2Config", dict(COMMON, num_key_value_heads=2, eos_token_id=2, pad_token_id=1)),
     "olmo3": ("Olmo3Config", dict(
         COMMON, num_hidden_layers=3, num_key_value_heads=2, sliding_window=5, eos_token_id=2, pad_token_id=1,
@@ -124,6 +126,8 @@ SPECS = {
 MOE = [name for name in SPECS if any(family in name for family in ("moe", "mixtral", "gpt_oss"))]
 # one per family, each something llama.cpp's GGUF holds as is (tests/test_moe_gguf.py writes them as GGUF)
 GGUF_MOE = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gpt_oss", "glm4_moe", "granitemoe"]
+# the dense families of 2025 likewise (tests/test_dense_gguf.py)
+GGUF_DENSE = ["smollm3_every4", "olmo2", "olmo3", "granite", "exaone4"]
 
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content']"
           " + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
@@ -150,6 +154,36 @@ def write_tiny(name: str, directory: Path, seed: int = 0, vocab_size: int | None
     model.eval()
     model.save_pretrained(directory, **save_kwargs)
     return model
+
+
+def random_ids(n: int, seed: int = 1, batch: int = 1):
+    """(batch, n) token ids below VOCAB, the same for a seed."""
+    import torch
+
+    return torch.randint(0, VOCAB, (batch, n), generator=torch.Generator().manual_seed(seed))
+
+
+def assert_hfs_logits_at_every_step_and_in_a_padded_batch(hf, ours, atol: float = 1e-4) -> None:
+    """ours (a loaded nexttok model) gives hf's logits for a 20-token prompt: an 8-token prefill, then
+    one cached step at a time; and in a batch of 2, the shorter prompt left-padded."""
+    import torch
+
+    from nexttok.models.cache import KVCache
+
+    ids = random_ids(20, seed=2)
+    expected = hf(ids).logits
+    cache = KVCache.for_model(ours.config, max_len=24)
+    torch.testing.assert_close(ours(ids[:, :8], cache), expected[:, :8], atol=atol, rtol=0)
+    for t in range(8, 20):
+        torch.testing.assert_close(ours(ids[:, t : t + 1], cache)[:, 0], expected[:, t], atol=atol, rtol=0)
+    short, long = random_ids(9, seed=3)[0], random_ids(14, seed=4)[0]
+    batch = torch.zeros(2, 14, dtype=torch.long)
+    positions = torch.full((2, 14), -1)
+    batch[0, 5:], positions[0, 5:] = short, torch.arange(9)  # left padding
+    batch[1], positions[1] = long, torch.arange(14)
+    got = ours(batch, KVCache.for_model(ours.config, batch=2, max_len=14), positions)
+    torch.testing.assert_close(got[0, 5:], hf(short[None]).logits[0], atol=atol, rtol=0)
+    torch.testing.assert_close(got[1], hf(long[None]).logits[0], atol=atol, rtol=0)
 
 
 def write_tiny_tokenizer(directory: Path, vocab_size: int = VOCAB) -> None:

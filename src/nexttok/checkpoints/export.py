@@ -7,11 +7,12 @@ checkpoint it came from. The reverse direction, GGUF → HF, is convert.py's.
 The model is loaded by our own loader (the family's renames and transforms applied, float32), then
 written back out by the family's registry entry (models/registry.py): GGUFLayout.metadata gives the
 metadata keys (the inverse of GGUFLayout.config), GGUFLayout.tensors the names; fused projections
-are split into their parts again, stacked experts into llama.cpp's three 3-D tensors, Llama's q/k
-rows interleaved as llama.cpp's converter does, Gemma's norms plus 1. Matrices are written in
-`kind` (F32, F16, BF16, or a block type the `gguf` package quantizes: Q8_0, Q4_0, Q4_1, Q5_0,
-Q5_1, MXFP4) where their rows are whole blocks, as llama.cpp's converter does, and in F32 where
-not; norms, biases, sinks and the routers stay F32. The tokenizer must be byte-level BPE.
+are split into their parts again, stacked experts into llama.cpp's three 3-D tensors, the q/k
+rows (and biases) of Llama-style families interleaved as llama.cpp's converter does, Gemma's norms
+plus 1. Matrices are written in `kind` (F32, F16, BF16, or a block type the `gguf` package
+quantizes: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4) where their rows are whole blocks, as llama.cpp's
+converter does, and in F32 where not; norms, biases, sinks and the routers stay F32. The
+tokenizer must be byte-level BPE.
 """
 
 from __future__ import annotations

@@ -36,6 +36,31 @@ class GGUFMeta:
         """"<arch>.<name>"'s value, or default."""
         return self.values.get(f"{self.arch}.{name}", default)
 
+    def layer_types(self, layers: int, every: int) -> list[str]:
+        """Which layers slide, as llama.cpp's load_swa_pattern reads attention.sliding_window_pattern:
+        a bool per layer, or n (the last of every n layers global; 0: all slide), by default `every`.
+
+        with the pattern 4 (or absent and every 4): ["sliding_attention"] * 3 + ["full_attention"] + ...
+        """
+        pattern = self.get("attention.sliding_window_pattern", every)
+        if isinstance(pattern, list):
+            if len(pattern) != layers:
+                raise ConfigError(f"GGUF metadata {self.arch}.attention.sliding_window_pattern has {len(pattern)} "
+                                  f"entries for {layers} layers")
+            sliding = [bool(s) for s in pattern]
+        elif type(pattern) is int and pattern >= 0:
+            sliding = [pattern == 0 or i % pattern < pattern - 1 for i in range(layers)]
+        else:
+            raise ConfigError(f"GGUF metadata {self.arch}.attention.sliding_window_pattern {pattern!r} is not "
+                              "a list of booleans or a count")
+        return ["sliding_attention" if s else "full_attention" for s in sliding]
+
+
+def representable(ok: bool, what: str) -> None:
+    """Refuse (ConfigError) to write a GGUF that llama.cpp would run otherwise than the checkpoint."""
+    if not ok:
+        raise ConfigError(f"llama.cpp's GGUF cannot hold {what}")
+
 
 @dataclass(frozen=True)
 class GGUFLayout:

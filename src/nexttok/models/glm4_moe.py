@@ -19,7 +19,7 @@ unread, as there.
 from __future__ import annotations
 
 from nexttok.models import llama, moe, qwen3
-from nexttok.models.architecture import Architecture, GGUFLayout, GGUFMeta
+from nexttok.models.architecture import Architecture, GGUFLayout, GGUFMeta, representable
 from nexttok.models.config import ConfigError, ModelConfig, positive_number, sparse_layers
 
 
@@ -77,8 +77,8 @@ def gguf_config(meta: GGUFMeta) -> dict:
 
 
 def gguf_metadata(config: ModelConfig) -> dict:
-    moe.representable(config.n_group == 1 or config.topk_group < config.n_group,
-                      "topk_group equal to n_group (llama.cpp asserts fewer)")
+    representable(config.n_group == 1 or config.topk_group < config.n_group,
+                  "topk_group equal to n_group (llama.cpp asserts fewer)")
     first = config.mlp_types.index("sparse")
     return {**llama.gguf_metadata(config), **moe.gguf_metadata(config),
             "expert_shared_count": config.shared_expert_intermediate_size // config.moe_intermediate_size,

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from nexttok.models import llama, moe
-from nexttok.models.architecture import Architecture, GGUFLayout, GGUFMeta
+from nexttok.models.architecture import Architecture, GGUFLayout, GGUFMeta, representable
 from nexttok.models.config import ModelConfig, positive_number
 
 
@@ -83,10 +83,10 @@ def gguf_config(meta: GGUFMeta) -> dict:
 
 
 def gguf_metadata(config: ModelConfig) -> dict:
-    moe.representable((config.swiglu_alpha, config.swiglu_limit) == (1.702, 7.0),
-                      "a clamped SwiGLU other than alpha 1.702, limit 7 (llama.cpp's constants)")
-    moe.representable(config.attention_bias and config.o_proj_bias and not config.tie_word_embeddings,
-                      "a gpt-oss without attention biases, or with tied embeddings")
+    representable((config.swiglu_alpha, config.swiglu_limit) == (1.702, 7.0),
+                  "a clamped SwiGLU other than alpha 1.702, limit 7 (llama.cpp's constants)")
+    representable(config.attention_bias and config.o_proj_bias and not config.tie_word_embeddings,
+                  "a gpt-oss without attention biases, or with tied embeddings")
     out = {**llama.gguf_metadata(config), **moe.gguf_metadata(config),
            "attention.sliding_window": config.sliding_window, "feed_forward_length": config.moe_intermediate_size}
     if config.layer_types != ["sliding_attention" if i % 2 == 0 else "full_attention"

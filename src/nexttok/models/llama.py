@@ -263,6 +263,10 @@ def windows(hf: dict, model_type: str) -> tuple[int | None, list[str]]:
     return window, layer_types or ["sliding_attention" if i >= start else "full_attention" for i in range(layers)]
 
 
+YARN_KEYS = {"beta_fast": "beta_fast", "beta_slow": "beta_slow", "attention_factor": "attn_factor"}  # ours: llama.cpp's
+YARN_DEFAULTS = {"beta_fast": 32.0, "beta_slow": 1.0}  # HF's and llama.cpp's
+
+
 def gguf_config(meta: GGUFMeta) -> dict:
     """config.json keys from llama.cpp's metadata of a Llama-like file (Llama, Qwen2, Qwen3, and the
     attention and RoPE of every family built on them)."""
@@ -287,9 +291,12 @@ def gguf_config(meta: GGUFMeta) -> dict:
     elif kind == "yarn":
         if meta.get("rope.scaling.attn_factor", 1.0) != 1.0:
             raise ConfigError("GGUF rope.scaling.attn_factor other than 1 is not supported")
-        # ggml rounds YaRN's correction range (truncate), whatever the original config said
+        # ggml rounds YaRN's correction range (truncate), whatever the original config said; the
+        # converter writes HF's beta_fast, beta_slow and attention_factor where the config set them
+        extras = {ours: meta.get(f"rope.scaling.yarn_{theirs}") for ours, theirs in YARN_KEYS.items()}
         config["rope_scaling"] = {"rope_type": "yarn", "factor": meta.key("rope.scaling.factor"), "truncate": True,
-                                  "original_max_position_embeddings": meta.key("rope.scaling.original_context_length")}
+                                  "original_max_position_embeddings": meta.key("rope.scaling.original_context_length"),
+                                  **extras}
     elif kind not in ("none", None):
         raise ConfigError(f"GGUF rope scaling {kind!r} is not supported")
     if meta.get("expert_count", 0) and meta.arch == "llama":  # llama.cpp writes Mixtral as a llama file
@@ -313,6 +320,8 @@ def gguf_metadata(config: ModelConfig) -> dict:
         out.update({"rope.scaling.type": scaling["rope_type"], "rope.scaling.factor": float(scaling["factor"])})
         if scaling["rope_type"] == "yarn":
             out["rope.scaling.original_context_length"] = scaling["original_max_position_embeddings"]
+            out.update({f"rope.scaling.yarn_{theirs}": float(scaling[ours]) for ours, theirs in YARN_KEYS.items()
+                        if scaling[ours] is not None and scaling[ours] != YARN_DEFAULTS.get(ours)})
     if config.sliding_window and "sliding_attention" in config.layer_types:
         out["attention.sliding_window"] = config.sliding_window
     return out
@@ -328,11 +337,13 @@ GGUF_TENSORS = {  # llama.cpp → ours (per block: "blk.N." → "model.layers.N.
     "attn_k.weight": "self_attn.k_proj.weight", "attn_k.bias": "self_attn.k_proj.bias",
     "attn_v.weight": "self_attn.v_proj.weight", "attn_v.bias": "self_attn.v_proj.bias",
     "attn_output.weight": "self_attn.o_proj.weight", "attn_output.bias": "self_attn.o_proj.bias",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_gate.bias": "mlp.gate_proj.bias",
+    "ffn_up.weight": "mlp.up_proj.weight", "ffn_up.bias": "mlp.up_proj.bias",
+    "ffn_down.weight": "mlp.down_proj.weight", "ffn_down.bias": "mlp.down_proj.bias",
 }
-QK_PERMUTED = (".q_proj.weight", ".k_proj.weight")  # llama.cpp interleaves their rows for its RoPE (llama arch)
+# llama.cpp's converter interleaves their rows for its RoPE kernel (the llama arch and those built on
+# its LlamaModel: smollm3, granite, granitemoe), biases too
+QK_PERMUTED = (".q_proj.weight", ".k_proj.weight", ".q_proj.bias", ".k_proj.bias")
 
 ARCHITECTURES = (
     Architecture("llama", Llama, lambda hf: fields(hf, "llama"),

@@ -12,7 +12,7 @@ w2 (down): renamed as they are read. A sliding_window, where set, applies to eve
 from __future__ import annotations
 
 from nexttok.models import llama, moe
-from nexttok.models.architecture import Architecture, GGUFLayout
+from nexttok.models.architecture import Architecture, GGUFLayout, representable
 from nexttok.models.config import ModelConfig
 
 
@@ -32,7 +32,7 @@ RENAMES = ((".block_sparse_moe.", ".mlp."), (".w1.", ".gate_proj."), (".w3.", ".
 
 def gguf_metadata(config: ModelConfig) -> dict:
     """llama.cpp writes Mixtral as a llama file with experts (feed_forward_length: each expert's)."""
-    moe.representable(config.sliding_window is None, "a sliding window in a llama file")
+    representable(config.sliding_window is None, "a sliding window in a llama file")
     return {**llama.gguf_metadata(config), **moe.gguf_metadata(config)}
 
 

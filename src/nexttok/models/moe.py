@@ -233,9 +233,3 @@ def gguf_metadata(config: ModelConfig) -> dict:
     """gguf_config's inverse."""
     return {"expert_count": config.num_experts, "expert_used_count": config.num_experts_per_tok,
             "expert_feed_forward_length": config.moe_intermediate_size}
-
-
-def representable(ok: bool, what: str) -> None:
-    """Refuse (ConfigError) to write a GGUF that llama.cpp would run otherwise than the checkpoint."""
-    if not ok:
-        raise ConfigError(f"llama.cpp's GGUF cannot hold {what}")

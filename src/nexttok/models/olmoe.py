@@ -11,7 +11,7 @@ ids ─embed_tokens→ x ─N × [x += attn(RMSNorm(x)); x += MoE(RMSNorm(x))]�
 from __future__ import annotations
 
 from nexttok.models import llama, moe, qwen3
-from nexttok.models.architecture import Architecture, GGUFLayout, GGUFMeta
+from nexttok.models.architecture import Architecture, GGUFLayout, GGUFMeta, representable
 from nexttok.models.config import ConfigError, ModelConfig
 
 
@@ -43,11 +43,11 @@ def gguf_config(meta: GGUFMeta) -> dict:
 
 
 def gguf_metadata(config: ModelConfig) -> dict:
-    moe.representable(not config.norm_topk_prob, "norm_topk_prob true (llama.cpp's olmoe never renormalises)")
-    moe.representable(config.num_key_value_heads == config.num_attention_heads,
-                      "grouped-query heads in an olmoe file (its k_norm covers hidden_size values)")
-    moe.representable(not config.attention_bias and not config.tie_word_embeddings,
-                      "attention biases or tied embeddings in an olmoe file")
+    representable(not config.norm_topk_prob, "norm_topk_prob true (llama.cpp's olmoe never renormalises)")
+    representable(config.num_key_value_heads == config.num_attention_heads,
+                  "grouped-query heads in an olmoe file (its k_norm covers hidden_size values)")
+    representable(not config.attention_bias and not config.tie_word_embeddings,
+                  "attention biases or tied embeddings in an olmoe file")
     return {**llama.gguf_metadata(config), **moe.gguf_metadata(config)}
 
 

@@ -16,7 +16,7 @@ covers every layer where use_sliding_window; Qwen2-MoE follows layer_types.
 from __future__ import annotations
 
 from nexttok.models import llama, moe, qwen3
-from nexttok.models.architecture import Architecture, GGUFLayout, GGUFMeta
+from nexttok.models.architecture import Architecture, GGUFLayout, GGUFMeta, representable
 from nexttok.models.config import ModelConfig, sparse_layers
 
 
@@ -71,7 +71,7 @@ def qwen3_moe_gguf_config(meta: GGUFMeta) -> dict:
 
 def qwen3_moe_gguf_metadata(config: ModelConfig) -> dict:
     _plain_layers(config, renormalised=True)
-    moe.representable(not config.o_proj_bias, "an attention output bias in a qwen3moe file")
+    representable(not config.o_proj_bias, "an attention output bias in a qwen3moe file")
     return {**llama.gguf_metadata(config), **moe.gguf_metadata(config)}
 
 
@@ -84,19 +84,19 @@ def qwen2_moe_gguf_config(meta: GGUFMeta) -> dict:
 
 def qwen2_moe_gguf_metadata(config: ModelConfig) -> dict:
     _plain_layers(config, renormalised=False)
-    moe.representable(not config.tie_word_embeddings, "tied embeddings in a qwen2moe file")
-    moe.representable(config.head_dim * config.num_attention_heads == config.hidden_size,
-                      "a head_dim other than hidden_size / heads in a qwen2moe file")
+    representable(not config.tie_word_embeddings, "tied embeddings in a qwen2moe file")
+    representable(config.head_dim * config.num_attention_heads == config.hidden_size,
+                  "a head_dim other than hidden_size / heads in a qwen2moe file")
     return {**llama.gguf_metadata(config), **moe.gguf_metadata(config),
             "expert_shared_feed_forward_length": config.shared_expert_intermediate_size}
 
 
 def _plain_layers(config: ModelConfig, renormalised: bool) -> None:
     """What llama.cpp's Qwen MoE graphs fix: every layer sparse, no window, renormalising or not."""
-    moe.representable(config.norm_topk_prob == renormalised,
-                      f"norm_topk_prob {config.norm_topk_prob} (llama.cpp fixes it at {renormalised} for this family)")
-    moe.representable(set(config.mlp_types) == {"sparse"}, "dense layers among the sparse ones (mlp_only_layers)")
-    moe.representable(config.sliding_window is None, "a sliding window")
+    representable(config.norm_topk_prob == renormalised,
+                  f"norm_topk_prob {config.norm_topk_prob} (llama.cpp fixes it at {renormalised} for this family)")
+    representable(set(config.mlp_types) == {"sparse"}, "dense layers among the sparse ones (mlp_only_layers)")
+    representable(config.sliding_window is None, "a sliding window")
 
 
 QWEN3_MOE_TENSORS = {**llama.GGUF_TENSORS, **qwen3.QK_NORM_TENSORS, **moe.GGUF_TENSORS}

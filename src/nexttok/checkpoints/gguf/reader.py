@@ -65,17 +65,15 @@ class GGUFFile:
             mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         data = np.frombuffer(mapping, dtype=np.uint8)
         layout = architecture(self.config["model_type"]).gguf
-        heads = {".q_proj.weight": self.config.get("num_attention_heads"),
-                 ".k_proj.weight": self.config.get("num_key_value_heads")}
+        heads = self.config.get("num_attention_heads"), self.config.get("num_key_value_heads")
         layers = self.config.get("num_hidden_layers", self.config.get("n_layer"))
         for entry in self.entries:
             if _block(entry.name) >= layers:  # blocks past the model's (GLM's next-token prediction): unread
                 continue
             name, kind, raw = _our_name(entry.name, layout), entry.kind, _raw(data, entry)
             place = (mapping, entry.offset)
-            permuted = next((p for p in layout.permuted if name.endswith(p)), None)
-            if permuted is not None:
-                raw, place = _unpermute(raw, heads[permuted]), None
+            if name.endswith(layout.permuted):  # q's rows (weight or bias) by its heads, k's by its own
+                raw, place = _unpermute(raw, heads[".q_proj." not in name]), None
             elif layout.norm_offset and name.endswith("norm.weight"):
                 (kind, raw), place = ("F32", _less(raw, entry, layout.norm_offset)), None
             yield GGUFTensor(name, kind, entry.dims, raw, place)
