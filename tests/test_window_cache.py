@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from nexttok.generation.prefill import prefill
-from nexttok.models import cache as cache_module
+from nexttok.models import window_keys as cache_module
 from nexttok.models.cache import KVCache, StateRollback
 from tiny_models import SPECS, VOCAB
 

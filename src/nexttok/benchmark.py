@@ -54,6 +54,7 @@ class BenchConfig:
     prompt_tokens: int = 512
     decode_prompt_tokens: int = 16
     nocache_tokens: int = 16
+    context_tokens: int = 16384  # the context the cache's bytes are reported at (the model's own, if shorter)
     repeat: int = 3
     threads: int = 2
     dtype: str = "auto"  # nexttok's: a .gguf as shipped, a directory in float32 (HF: float32 then)
@@ -121,7 +122,26 @@ def bench_nexttok(cfg: BenchConfig) -> dict:
         model.group.close()  # a spawned bench process runs no atexit: stop the other ranks here
     return {"decode_tps": _median(decode), "sampled_tps": _median(sampled), "prefill_tps": _median(prefill),
             "ttft_ms": 1000 * _median(ttft), "nocache_tps": _median(nocache), "cache_long_tps": _median(cached_long),
-            "weight_bytes": weight_bytes(model), **spec, **compiled}
+            "weight_bytes": weight_bytes(model), "cache_held": cache_held(model, cfg.context_tokens),
+            **spec, **compiled}
+
+
+def cache_held(model, context: int) -> dict[str, int]:
+    """Bytes the cache generation uses holds at `context` tokens, by layer type (KVCache.held_bytes:
+    full, sliding, recurrent), and "all_full": what keys for every layer would take. Laid out on the
+    meta device (nothing allocated); the recurrent states, made on first use, by one token's pass."""
+    config = model.config
+    context = min(context, config.max_position_embeddings)
+    windowed = KVCache.for_model(config, max_len=context, device="meta", windowed=True).held_bytes()
+    if config.recurrent_layers:
+        weights = next(model.parameters())
+        states = KVCache.for_model(config, max_len=2, dtype=weights.dtype, device=weights.device)
+        with torch.inference_mode():
+            model(torch.zeros(1, 1, dtype=torch.long, device=weights.device), states)
+        windowed["recurrent"] = states.state_bytes()
+    every = KVCache(config.num_hidden_layers, 1, config.num_key_value_heads, context, config.head_dim,
+                    device="meta").held_bytes()["full"]
+    return {"context": context, **windowed, "all_full": every}
 
 
 def speculative_decode(model, tokenizer, cfg: BenchConfig, decode_run) -> dict:
@@ -306,6 +326,7 @@ def report(results: dict[str, dict | str], bandwidth_gbs: float, cfg: BenchConfi
             + (f" (compiled: {100 * ok['compiled']['decode_tps'] / roofline:.0f}%)" if "compiled" in ok else ""),
             f"KV cache vs none after a {cfg.prompt_tokens}-token prompt: {ours['cache_long_tps']:.1f} vs "
             f"{ours['nocache_tps']:.1f} tokens/s = {ours['cache_long_tps'] / ours['nocache_tps']:.1f}x",
+            held_line(ours["cache_held"]),
         ]
         if "spec_tps" in ours:
             lines.append(f"speculative decoding (ngram drafts) on a prompt that repeats its context: "
@@ -313,6 +334,16 @@ def report(results: dict[str, dict | str], bandwidth_gbs: float, cfg: BenchConfi
                          f"{ours['spec_tps'] / ours['spec_plain_tps']:.2f}x; {100 * ours['spec_acceptance']:.0f}% "
                          f"of drafts accepted, {ours['spec_per_forward']:.2f} tokens per forward pass")
     return "\n".join(lines)
+
+
+def held_line(held: dict[str, int]) -> str:
+    """held_line({"context": 4096, "full": 2**20, "sliding": 0, "recurrent": 0, "all_full": 2**20}) ->
+    'cache held at 4096 tokens: full layers 1.0 MiB (keys for every layer: 1.0 MiB)'"""
+    parts = [f"{kind} layers {held[kind] / 2**20:.1f} MiB" for kind in ("full", "sliding") if held[kind]]
+    if held["recurrent"]:
+        parts.append(f"recurrent states {held['recurrent'] / 2**10:.1f} KiB")
+    return (f"cache held at {held['context']} tokens: {', '.join(parts)} (keys for every layer: "
+            f"{held['all_full'] / 2**20:.1f} MiB)")
 
 
 def llama_cpp_column(cfg: BenchConfig, workdir: str) -> str | None:

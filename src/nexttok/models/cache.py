@@ -24,6 +24,8 @@ from typing import Protocol
 
 import torch
 
+from nexttok.models.window_keys import WINDOW_CHUNK, WINDOW_SLACK, WindowKeys
+
 
 def storage_dtype(dtype: torch.dtype, device: torch.device | str) -> torch.dtype:
     """The dtype a model's keys and values are kept (and attended) in: float32 on the CPU whatever
@@ -40,53 +42,6 @@ class ContextFull(ValueError):
 class StateRollback(ValueError):
     """A cache with recurrent states (or sliding-window keys it no longer holds) asked to go back to a
     token it cannot."""
-
-
-WINDOW_SLACK = 32  # keys kept past a window, so speculative decoding can take back its refused drafts (at most 16)
-WINDOW_CHUNK = 128  # room for a prefill chunk's new keys (generation/prefill.py's BLOCK) before the buffer moves
-
-
-class _WindowKeys:
-    """The keys and values of the layers sharing one sliding window, for the last slots only: buffer
-    index i holds slot base + i. lo: the first slot this call's queries may see (set per call)."""
-
-    def __init__(self, window: int, layers: list[int], batch: int, n_kv_heads: int, capacity: int, head_dim: int,
-                 dtype: torch.dtype, device):
-        self.window, self.row = window, {layer: i for i, layer in enumerate(layers)}
-        shape = (len(layers), batch, n_kv_heads, capacity, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.base = self.lo = 0
-
-    @property
-    def capacity(self) -> int:
-        return self.k.shape[3]
-
-    def make_room(self, offset: int, t: int) -> None:
-        """Before slots offset..offset + t - 1 are written: drop what no query from there on sees
-        (keeping WINDOW_SLACK more), growing the buffer only where a call brings more than it holds."""
-        if offset + t - self.base <= self.capacity:
-            return
-        start = max(self.base, offset - (self.window - 1) - WINDOW_SLACK)
-        keep = offset - start
-        if keep + t > self.capacity:  # one call of more tokens than the room: a bigger buffer
-            k, v = self.k, self.v
-            shape = (*k.shape[:3], keep + t + WINDOW_CHUNK, k.shape[4])
-            self.k, self.v = k.new_zeros(shape), v.new_zeros(shape)
-            self.k[:, :, :, :keep] = k[:, :, :, start - self.base : offset - self.base]
-            self.v[:, :, :, :keep] = v[:, :, :, start - self.base : offset - self.base]
-        else:
-            self.k[:, :, :, :keep] = self.k[:, :, :, start - self.base : offset - self.base].clone()
-            self.v[:, :, :, :keep] = self.v[:, :, :, start - self.base : offset - self.base].clone()
-        self.base = start
-
-    def fetch(self, layer: int, start: int, end: int, k: torch.Tensor, v: torch.Tensor):
-        """Store slots start..end-1; return the keys and values of slots lo..end-1."""
-        r = self.row[layer]
-        self.k[r, :, :, start - self.base : end - self.base] = k
-        self.v[r, :, :, start - self.base : end - self.base] = v
-        a, b = self.lo - self.base, end - self.base
-        return self.k[r, :, :, a:b], self.v[r, :, :, a:b]
 
 
 class Cache(Protocol):
@@ -109,7 +64,7 @@ class Cache(Protocol):
 class KVCache:
     """state_layers: the layers that keep a recurrent state instead of keys and values (no rows of
     k and v are kept for them; kv_row maps the full attention layers to theirs). windows: layer ->
-    its sliding window, for the layers whose keys are kept for their window only (_WindowKeys)."""
+    its sliding window, for the layers whose keys are kept for their window only (WindowKeys)."""
 
     def __init__(
         self, n_layers: int, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
@@ -119,7 +74,7 @@ class KVCache:
         self.n_layers, self.state_layers = n_layers, tuple(state_layers)
         self.windows = dict(windows or {})
         self.window_keys = {
-            w: _WindowKeys(w, [i for i in sorted(self.windows) if self.windows[i] == w], batch, n_kv_heads,
+            w: WindowKeys(w, [i for i in sorted(self.windows) if self.windows[i] == w], batch, n_kv_heads,
                            min(max_len, w + WINDOW_SLACK + WINDOW_CHUNK), head_dim, dtype, device)
             for w in sorted(set(self.windows.values()))}
         kv_layers = [i for i in range(n_layers) if i not in self.state_layers and i not in self.windows]
