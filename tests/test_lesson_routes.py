@@ -67,8 +67,14 @@ def test_step_reports_cache_stop_context_and_logits(live):
     first = post(f"/explain/sessions/{key}/step", {"temperature": 0}).json()
     prompt_tokens = len(served.tokenizer.encode(PROMPT))
     per_token = lesson.kv_cache_bytes_per_token(served.model, torch.float32)
-    assert first["cache"] == {"tokens": prompt_tokens, "bytes": prompt_tokens * per_token,
-                              "bytes_per_token": per_token, "capacity": 12, "dtype": "float32"}
+    cache = first["cache"]
+    assert {k: cache[k] for k in ("tokens", "bytes", "bytes_per_token", "capacity", "dtype")} == \
+        {"tokens": prompt_tokens, "bytes": prompt_tokens * per_token, "bytes_per_token": per_token, "capacity": 12,
+         "dtype": "float32"}
+    # every layer of the test model keeps every key: generation's cache holds what this one does
+    assert cache["held"] == {"tokens": prompt_tokens, "full": prompt_tokens * per_token, "sliding": 0, "recurrent": 0,
+                             "total": prompt_tokens * per_token, "all_full": prompt_tokens * per_token,
+                             "sliding_slots": 0, "sliding_room": 0}
     assert first["context"] == {"used": prompt_tokens + 1, "limit": 12}
     session = ExplainSession(served.model, served.tokenizer, PROMPT, max_len=12)
     logits = session.forward(0).logits

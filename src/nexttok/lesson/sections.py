@@ -29,17 +29,31 @@ class Inspection:
 
     ids: list[int]
     hidden: list[torch.Tensor]  # L + 1 residual streams (T, hidden): after the embeddings, after each layer
-    weights: torch.Tensor  # (L, n_head, T, T) attention weights, float32
-    q: torch.Tensor  # (L, n_head, T, head_dim) queries after RoPE, float32
-    k: torch.Tensor  # (L, n_head, T, head_dim) keys (shared heads repeated), float32
-    v: torch.Tensor  # (L, n_head, T, head_dim) values, float32
+    # per attention entry, A of them (one per attention layer: a recurrent layer attends to nothing)
+    weights: torch.Tensor  # (A, n_head, T, T) attention weights, float32
+    q: torch.Tensor  # (A, n_head, T, head_dim) queries after RoPE, float32
+    k: torch.Tensor  # (A, n_head, T, head_dim) keys (shared heads repeated), float32
+    v: torch.Tensor  # (A, n_head, T, head_dim) values, float32
     logits: torch.Tensor  # (T, vocab) the model's output, float32
-    windows: list[int | None]  # per layer: how many recent keys a query sees (None: all earlier ones)
+    windows: list[int | None]  # per entry: how many recent keys a query sees (None: all earlier ones)
+    layers: list[int]  # per entry: the model's layer it belongs to (AttentionCapture.layers)
+    layer_types: list[str]  # per layer of the model: config.layer_types
+
+    def entry(self, layer: int) -> int:
+        """The attention entry of model layer `layer` (a clear error for a layer out of range, or a
+        recurrent one: it has no attention weights)."""
+        if not 0 <= layer < len(self.layer_types):
+            raise InvalidParameter("layer", f"layer must be in 0..{len(self.layer_types) - 1}")
+        if layer not in self.layers:
+            raise InvalidParameter("layer", f"layer {layer} is a recurrent layer ({self.layer_types[layer]}): it keeps "
+                                   "a state of fixed size instead of keys, so it has no attention weights")
+        return self.layers.index(layer)
 
 
 def inspect(model: Model, ids: list[int]) -> Inspection:
-    """Run ids through the model once, capturing the residual stream, q/k/v and attention weights of
-    every layer. inspect(model, [1, 2, 3]).weights.shape == (layers, heads, 3, 3)"""
+    """Run ids through the model once, capturing the residual stream of every layer, and q/k/v and
+    attention weights of every attention layer. inspect(model, [1, 2, 3]).weights.shape == (layers, heads, 3, 3)
+    for a model of attention layers only."""
     if not 0 < len(ids) <= INSPECT_MAX:
         raise InvalidParameter("node", f"an inspection covers 1 to {INSPECT_MAX} tokens, this path has {len(ids)}")
     device = next(model.parameters()).device
@@ -47,10 +61,11 @@ def inspect(model: Model, ids: list[int]) -> Inspection:
     with torch.inference_mode():
         logits = model(torch.tensor([ids], device=device), None, capture=capture)[0].float()  # (T, vocab)
     stacked = [torch.stack([layer[i][0] for layer in capture.qkv]) for i in range(3)]  # (L, n_head, T, hd)
-    config = model.config
-    windows = [config.sliding_window if kind == "sliding_attention" else None for kind in config.layer_types]
+    kinds = list(model.config.layer_types)
+    windows = [model.config.sliding_window if kinds[layer] == "sliding_attention" else None
+               for layer in capture.layers]
     return Inspection(list(ids), [h[0] for h in capture.hidden], torch.stack([w[0] for w in capture.weights]),
-                      *stacked, logits, windows)
+                      *stacked, logits, windows, list(capture.layers), kinds)
 
 
 def lens(model: Model, tokenizer: Tokenizer, inspection: Inspection, position: int = -1, top: int = 5) -> dict:
@@ -76,10 +91,9 @@ def lens(model: Model, tokenizer: Tokenizer, inspection: Inspection, position: i
 
 
 def attention_matrix(inspection: Inspection, layer: int, head: int | None) -> torch.Tensor:
-    """The T x T attention weights of one layer and head (row = query, column = key), or the mean
-    over the layer's heads when head is None."""
-    _check_layer_head(inspection, layer, head)
-    weights = inspection.weights[layer]  # (n_head, T, T)
+    """The T x T attention weights of one layer (the model's layer index) and head (row = query,
+    column = key), or the mean over the layer's heads when head is None."""
+    weights = inspection.weights[_check_layer_head(inspection, layer, head)]  # (n_head, T, T)
     return weights.mean(0) if head is None else weights[head]
 
 
@@ -87,19 +101,19 @@ def attention_detail(inspection: Inspection, layer: int, head: int, query: int) 
     """One query of one head worked through by hand: q, the keys it may see (positions first..query:
     no later key, and no older one than the layer's sliding window), the scores q·k/√d, their softmax
     (equal to the model's weights) and the output, the weighted sum of the values."""
-    _check_layer_head(inspection, layer, head)
+    entry = _check_layer_head(inspection, layer, head)
     query = _position(inspection, query, "query")
-    window = inspection.windows[layer]
+    window = inspection.windows[entry]
     first = max(0, query - window + 1) if window else 0
-    q = inspection.q[layer, head, query]  # (hd,)
-    keys = inspection.k[layer, head, first : query + 1]  # (query + 1 - first, hd)
-    values = inspection.v[layer, head, first : query + 1]
+    q = inspection.q[entry, head, query]  # (hd,)
+    keys = inspection.k[entry, head, first : query + 1]  # (query + 1 - first, hd)
+    values = inspection.v[entry, head, first : query + 1]
     scale = math.sqrt(q.shape[-1])
     scores = keys @ q / scale  # (query + 1 - first,)
     weights = scores.softmax(-1)
     return {"layer": layer, "head": head, "query": query, "first": first, "head_dim": q.shape[-1], "scale": scale,
             "q": q, "keys": keys, "values": values, "scores": scores, "weights": weights,
-            "model_weights": inspection.weights[layer, head, query, first : query + 1], "output": weights @ values}
+            "model_weights": inspection.weights[entry, head, query, first : query + 1], "output": weights @ values}
 
 
 def word_ids(tokenizer: Tokenizer, word: str) -> list[int]:
@@ -181,10 +195,11 @@ def positions(model: Model, count: int, distance: int) -> dict:
 
 
 def kv_cache_bytes_per_token(model: Model, dtype: torch.dtype) -> int:
-    """Bytes of keys and values one token adds to the cache: 2 x layers x kv heads x head_dim x size."""
+    """Bytes of keys and values one token adds to a cache that keeps every key: 2 x attention layers
+    x kv heads x head_dim x size (a recurrent layer keeps none: lesson.layers)."""
     config = model.config
     itemsize = torch.empty(0, dtype=dtype).element_size()
-    return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * itemsize
+    return 2 * len(config.attention_layers) * config.num_key_value_heads * config.head_dim * itemsize
 
 
 def stop_probability(model: Model, logits: torch.Tensor, stop_ids: list[int]) -> float:
@@ -205,12 +220,13 @@ def _position(inspection: Inspection, position: int, name: str = "position") -> 
     return position % t
 
 
-def _check_layer_head(inspection: Inspection, layer: int, head: int | None) -> None:
-    layers, heads = inspection.weights.shape[:2]
-    if not 0 <= layer < layers:
-        raise InvalidParameter("layer", f"layer must be in 0..{layers - 1}")
+def _check_layer_head(inspection: Inspection, layer: int, head: int | None) -> int:
+    """The attention entry of model layer `layer`, once layer and head are checked."""
+    entry = inspection.entry(layer)
+    heads = inspection.weights.shape[1]
     if head is not None and not 0 <= head < heads:
         raise InvalidParameter("head", f"head must be in 0..{heads - 1} (or null for the mean of the heads)")
+    return entry
 
 
 def token_text(tokenizer: Tokenizer, token_id: int) -> str:

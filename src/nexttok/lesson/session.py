@@ -4,7 +4,8 @@ The page (and anything else) asks for one step; the session runs the model on wh
 the chosen path the KV cache does not hold yet (the whole prompt the first time, one token after
 that), samples with the dials it is given, and returns the Step record plus what a viewer shows:
 the model's top tokens with their probabilities before and after the sampler chain, the attention
-of the last position (and in a mixture of experts the router's choice there), and the timings.
+of the last position in each attention layer (and in a mixture of experts the router's choice
+there), the timings, and what the cache holds per layer type (lesson.layers).
 `redraw` re-runs the chain on a node's cached logits with other dials (no model call).
 Any node of the tree can be continued with any token (a branch); the cache keeps the longest
 prefix it shares with the new path and recomputes only the rest.
@@ -28,6 +29,7 @@ from nexttok.generation.loop import Step, build_step, context_window, prompt_ids
 from nexttok.generation.sampling import Sample, SamplerChain, SamplingParams, Uniforms
 from nexttok.lesson import sections as lesson
 from nexttok.lesson.experts import LayerRouting, routing_at
+from nexttok.lesson.layers import LayerKind, cache_memory, layer_table
 from nexttok.models import Model
 from nexttok.models.attention import AttentionCapture
 from nexttok.models.cache import KVCache
@@ -76,12 +78,13 @@ class PathRun:
 @dataclass
 class Forward:
     logits: torch.Tensor  # (vocab,) at the end of the path
-    attention: list[torch.Tensor]  # per layer (n_head, S): the last position over every key
+    attention: list[torch.Tensor]  # per attention layer (n_head, S): the last position over every key
     tokens: int  # positions computed by this forward pass
     seconds: float
     prefill: bool
     cached: bool = True  # the KV cache was used (False: the whole sequence went through the model again)
     experts: list[LayerRouting] = field(default_factory=list)  # per sparse layer: the router at the last position
+    layers: list[int] = field(default_factory=list)  # the model's layer of each attention entry
 
 
 class ExplainSession:
@@ -106,6 +109,7 @@ class ExplainSession:
         self._forwards: OrderedDict[int, Forward] = OrderedDict()  # node -> its distribution
         self._inspections: OrderedDict[int, lesson.Inspection] = OrderedDict()
         self.stop_ids = list(config.eos_token_id)
+        self.layers: list[LayerKind] = layer_table(model)  # each layer's type; recurrent states measured
 
     # -- the tree ----------------------------------------------------------------------------
 
@@ -171,7 +175,7 @@ class ExplainSession:
         seconds = time.perf_counter() - start
         self.cached = tokens
         return Forward(logits, [a[0] for a in capture.last_query], len(tokens) - shared, seconds, shared == 0,
-                       experts=routing_at(capture.experts))
+                       experts=routing_at(capture.experts), layers=list(capture.layers))
 
     def _uncached(self, tokens: list[int]) -> Forward:
         ids = torch.tensor([tokens], device=self.cache.k.device)
@@ -181,7 +185,7 @@ class ExplainSession:
             logits = self.model(ids, None, capture=capture, last_only=True)[0, -1].float()
         seconds = time.perf_counter() - start
         return Forward(logits, [a[0] for a in capture.last_query], len(tokens), seconds, False, cached=False,
-                       experts=routing_at(capture.experts))
+                       experts=routing_at(capture.experts), layers=list(capture.layers))
 
     def inspect(self, node_id: int) -> lesson.Inspection:
         """The full capture of the path to node_id (lens, attention matrices, q/k/v): one extra
@@ -222,8 +226,9 @@ class ExplainSession:
         return {
             "node": node.id, "child": child.id, "step": child.made.step,
             **self._table(forward, sampled, top_n),
-            "attention": [layer.tolist() for layer in forward.attention],  # per layer (n_head, S)
-            "attention_mean": [layer.mean(0).tolist() for layer in forward.attention],  # per layer (S,)
+            "attention": [layer.tolist() for layer in forward.attention],  # per attention layer (n_head, S)
+            "attention_mean": [layer.mean(0).tolist() for layer in forward.attention],  # per attention layer (S,)
+            "attention_layers": forward.layers,  # the model's layer of each entry (recurrent layers have none)
             # per sparse layer, the router's choice for the token predicted from; None: a dense model
             "experts": [r.as_json() for r in forward.experts] if self.model.config.is_moe else None,
             "timing": {"tokens": forward.tokens, "seconds": forward.seconds, "prefill": forward.prefill,
@@ -242,10 +247,18 @@ class ExplainSession:
         return "length" if len(self.prompt_ids) + node.depth >= self.cache.max_len - 1 else None
 
     def cache_facts(self) -> dict:
-        """The KV cache now: tokens held, bytes they take, capacity in tokens, storage dtype."""
-        per_token = lesson.kv_cache_bytes_per_token(self.model, self.cache.k.dtype)
-        return {"tokens": len(self.cached), "bytes": len(self.cached) * per_token, "bytes_per_token": per_token,
-                "capacity": self.cache.max_len, "dtype": str(self.cache.k.dtype).removeprefix("torch.")}
+        """The KV cache now: tokens held, the bytes this session's cache (every key of every attention
+        layer) takes for them, capacity in tokens, storage dtype; held: what generation's cache holds
+        for this many tokens per layer type (lesson.layers.CacheMemory), and full_context: the same at
+        the model's whole context window."""
+        dtype, tokens = self.cache.k.dtype, len(self.cached)
+        per_token = lesson.kv_cache_bytes_per_token(self.model, dtype)
+        states = sum(layer.bytes for layer in self.layers)
+        config = self.model.config
+        return {"tokens": tokens, "bytes": tokens * per_token, "bytes_per_token": per_token,
+                "capacity": self.cache.max_len, "dtype": str(dtype).removeprefix("torch."),
+                "held": cache_memory(config, tokens, dtype, states).as_json(),
+                "full_context": cache_memory(config, config.max_position_embeddings, dtype, states).as_json()}
 
     def redraw(self, params: SamplingParams, node_id: int, top_n: int = 10) -> dict:
         """Other dials on node_id's cached logits (no new node, usually no model call): the Step a

@@ -4,12 +4,18 @@ GET /explain/parameters            -> each dial's range, default and meaning; th
 GET /explain/vocab?model=          -> the display text of every token id (once per page load: an ETag)
 POST /explain/sessions             {prompt, model?, seed?}  -> prompt tokens, model facts, session id;
                                       model.moe: a mixture of experts' parameters per token, total vs
-                                      active (lesson.experts.ExpertFacts; null for a dense model)
+                                      active (lesson.experts.ExpertFacts; null for a dense model);
+                                      model.layer_types: per layer {layer, kind, recurrent, window,
+                                      state} (lesson.layers.LayerKind: a recurrent layer's state
+                                      {numbers, bytes, inputs, parts}, measured on the model)
 POST /explain/sessions/{id}/step   {dials, node?, token_id?, top_n?}
-                                   -> the Step record, rows, attention (and its mean over the heads),
-                                      experts (per sparse layer, the router at the position the step
-                                      predicts from: {layer, ids, weights, probs}; null for a dense
-                                      model), timing, the tree
+                                   -> the Step record, rows, attention (and its mean over the heads)
+                                      per attention layer, attention_layers (the model's layer of
+                                      each), experts (per sparse layer, the router at the position the
+                                      step predicts from: {layer, ids, weights, probs}; null for a dense
+                                      model), timing, cache (cache.held: bytes per layer type at this
+                                      length, lesson.layers.CacheMemory; cache.full_context: the same
+                                      at the model's context window), the tree
 POST /explain/sessions/{id}/redraw {dials, node, top_n?}
                                    -> the Step the same u gives under these dials, rows (no new node)
 POST /explain/sessions/{id}/goto   {node}  -> makes a node of the tree current
@@ -190,7 +196,7 @@ def install_explainer(app: FastAPI, served_for: ServedFor) -> None:
         config = served.model.config
         facts = {"name": served.name, "layers": config.num_hidden_layers, "heads": config.num_attention_heads,
                  "vocab_size": config.vocab_size, "context": session.cache.max_len,
-                 "moe": _moe_facts(served.model)}
+                 "moe": _moe_facts(served.model), "layer_types": [layer.as_json() for layer in session.layers]}
         return {"session": key, "model": facts, "prompt": _chips(served.tokenizer, session.prompt_ids),
                 "tree": session.tree()}
 

@@ -2,8 +2,11 @@
 
 On a session (the path to a node of its tree; node defaults to the current one):
 POST /explain/sessions/{id}/lens              {node?, position?, top_n?}  -> each layer's top tokens
-POST /explain/sessions/{id}/attention         {node?, layer, head?}  -> the T x T weights (head null: mean)
+POST /explain/sessions/{id}/attention         {node?, layer, head?}  -> the layer's kind and window, and
+                                              the T x T weights (head null: mean); a recurrent layer:
+                                              no weights, its state (lesson.layers.LayerKind)
 POST /explain/sessions/{id}/attention/detail  {node?, layer, head, query}  -> q, k, scores, softmax, v, output
+(layer: the model's layer index, 0..num_hidden_layers - 1)
 On a model:
 POST /explain/tokens       {text, price_input?, price_output?, output_tokens?} -> pieces, count, cost
 POST /explain/embeddings   {word, k?}  -> the word's vector and its nearest neighbours by cosine
@@ -158,12 +161,17 @@ def _install_session_views(app: FastAPI, explainer) -> None:
 
     @app.post("/explain/sessions/{key}/attention")
     async def attention_view(key: str, body: AttentionRequest):
+        """A recurrent layer attends to nothing: its answer has no weights, and says what it keeps."""
         opened, node_id, inspection = await inspected(key, body.node)
-        matrix = await _off_loop(explainer, opened.served,
-                                 lambda: lesson.attention_matrix(inspection, body.layer, body.head))
-        layers, heads = inspection.weights.shape[:2]
-        return round5({"node": node_id, "layer": body.layer, "head": body.head, "layers": layers, "heads": heads,
-                       "tokens": _texts(opened.served.tokenizer, inspection.ids), "weights": matrix})
+        kinds = opened.session.layers
+        if body.layer >= len(kinds):
+            inspection.entry(body.layer)  # the error naming the range
+        kind = kinds[body.layer]
+        matrix = None if kind.recurrent else await _off_loop(
+            explainer, opened.served, lambda: lesson.attention_matrix(inspection, body.layer, body.head))
+        return round5({"node": node_id, **kind.as_json(), "head": body.head, "layers": len(kinds),
+                       "heads": inspection.weights.shape[1], "tokens": _texts(opened.served.tokenizer, inspection.ids),
+                       "weights": matrix})
 
     @app.post("/explain/sessions/{key}/attention/detail")
     async def attention_detail(key: str, body: DetailRequest):

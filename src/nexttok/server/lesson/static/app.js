@@ -8,8 +8,8 @@
 // #tokens[data-session] (the session's key), #table[data-node] (the node whose step the table shows).
 
 import { api, loadVocab, sessionPath } from "./api.js";
-import { byId } from "./dom.js";
-import { pctFixed, visible } from "./format.js";
+import { byId, h } from "./dom.js";
+import { layerLabel, pctFixed, stateWords, visible } from "./format.js";
 
 export const state = { session: null, model: null, prompt: [], vocab: [], view: null, playing: false,
                        parameters: null, order: [], redraws: 0, useCache: true };
@@ -71,7 +71,7 @@ async function start() {
     Object.assign(state, { session: data.session, model: data.model, prompt: data.prompt, vocab, view: null });
     byId("tokens").dataset.session = data.session;
     byId("model-name").textContent = `${data.model.name} · ${data.model.layers} layers · ${data.model.heads} heads`;
-    fillSelect(byId("layer"), data.model.layers);
+    fillLayers(byId("layer"), data.model.layer_types);
     fillSelect(byId("head"), data.model.heads, true);
     renderTokens(data.prompt, []);
     renderTree(data.tree, 0);
@@ -243,23 +243,36 @@ function renderOrder() {
   }));
 }
 
+// The last position's weights in the chosen layer (the model's layer index: view.attention_layers
+// says which entry is whose); a recurrent layer has none and says what it keeps instead; on a
+// sliding layer the keys older than the window are marked .outside (they get no weight).
 function renderAttention() {
   const view = state.view;
   if (!view || !view.attention.length) return;
   const layer = Number(byId("layer").value) || 0;
+  const kind = state.model.layer_types[layer], box = byId("attention");
+  Object.assign(box.dataset, { layer, kind: kind.kind, window: kind.window ?? "" });
+  if (kind.recurrent) {
+    box.replaceChildren(h("span", { className: "att-state", dataset: { numbers: kind.state.numbers } },
+                          `Layer ${layer} has no attention: it is a ${stateWords(kind)}.`));
+    return;
+  }
+  const entry = view.attention_layers.indexOf(layer);
   const head = byId("head").value;  // "mean": the server's mean over the layer's heads
-  const weights = head === "mean" ? view.attention_mean[layer] : view.attention[layer][Number(head)];
+  const weights = head === "mean" ? view.attention_mean[entry] : view.attention[entry][Number(head)];
   const tokens = [...state.prompt, ...view.generated].slice(0, weights.length);
-  const max = Math.max(...weights);
-  byId("attention").replaceChildren(...tokens.map((t, j) => {
+  const max = Math.max(...weights), first = kind.window ? weights.length - kind.window : 0;
+  box.replaceChildren(...tokens.map((t, j) => {
     const span = document.createElement("span");
-    span.className = "att";
+    span.className = j < first ? "att outside" : "att";
     span.textContent = t.text.replaceAll("\n", "\\n");
-    span.title = `weight ${weights[j].toFixed(4)} · id ${t.id}`;
+    span.title = j < first ? `older than the window of ${kind.window}: no weight · id ${t.id}`
+      : `weight ${weights[j].toFixed(4)} · id ${t.id}`;
     span.dataset.weight = weights[j];
     span.style.background = `rgba(37, 99, 235, ${(weights[j] / max).toFixed(3)})`;
     return span;
   }));
+  if (first > 0) box.children[first].before(h("span", { className: "window-edge" }, `| window ${kind.window} →`));
 }
 
 function renderTiming(t) {
@@ -300,6 +313,12 @@ function clearStep() {
   for (const id of ["chosen", "redraw", "timing", "step-title"]) byId(id).textContent = "";
   byId("stages").replaceChildren();
   byId("attention").replaceChildren();
+}
+
+function fillLayers(select, layers) {  // the model's layers by index, each named with its type
+  select.replaceChildren(...layers.map((l) => new Option(layerLabel(l), String(l.layer))));
+  const first = layers.find((l) => !l.recurrent);  // start on a layer that attends
+  if (first) select.value = String(first.layer);
 }
 
 function fillSelect(select, n, withMean = false) {

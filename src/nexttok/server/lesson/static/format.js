@@ -37,3 +37,22 @@ export function count(n) {
 
 // ms(0.0123) "12.3 ms"
 export const ms = (seconds) => `${(seconds * 1000).toFixed(1)} ms`;
+
+// A layer's type (config.layer_types, the session's model.layer_types) in words:
+// kindName("sliding_attention") "sliding window", kindName("linear_attention") "linear attention".
+const KIND_NAMES = { full_attention: "full attention", sliding_attention: "sliding window", conv: "convolution" };
+export const kindName = (kind) => KIND_NAMES[kind] ?? kind.replaceAll("_", " ");
+
+// A layer selector's option: layerLabel({layer: 2, kind: "sliding_attention", window: 5}) "2 · sliding window 5".
+export const layerLabel = (l) => `${l.layer} · ${kindName(l.kind)}${l.window ? ` ${l.window}` : ""}`;
+
+// What a recurrent layer keeps: stateKept({kind: "conv", state: {inputs: 2, numbers: 512}})
+// "the last 2 inputs, 512 numbers, the same at any length"; without inputs "a state of 512 numbers, …".
+export function stateKept(l) {
+  const what = l.state.inputs ? `the last ${l.state.inputs} inputs, ` : "a state of ";
+  return `${what}${l.state.numbers.toLocaleString("en-US")} numbers, the same at any length`;
+}
+
+// stateWords({kind: "conv", state: {inputs: 2, numbers: 512}})
+// "convolution layer: keeps the last 2 inputs, 512 numbers, the same at any length".
+export const stateWords = (l) => `${kindName(l.kind)} layer: keeps ${stateKept(l)}`;

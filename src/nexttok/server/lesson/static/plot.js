@@ -9,7 +9,9 @@ import { fmt } from "./format.js";
 export const PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c"];  // series colours, in order
 
 // matrix: rows of numbers. options: rowLabels, colLabels, max (colour scale top; default the
-// largest value), min (default 0, or -max when signed), onCell(row, col), cell (px), label (px).
+// largest value), min (default 0, or -max when signed), onCell(row, col), cell (px), label (px),
+// window (a square attention matrix of a sliding-window layer: the cells older than the window,
+// col <= row - window, are greyed, and a line, path.window-edge, marks where the window starts).
 export function heatmap(container, matrix, options = {}) {
   const rows = matrix.length, cols = rows ? matrix[0].length : 0;
   const cell = options.cell ?? Math.max(4, Math.min(22, Math.floor(640 / Math.max(cols, 1))));
@@ -19,12 +21,16 @@ export function heatmap(container, matrix, options = {}) {
   const max = options.max ?? Math.max(...flat.map(Math.abs), 1e-12);
   const signed = options.signed ?? flat.some((v) => v < 0);
   const slant = Math.ceil(top / 2);  // column labels lean right, past the last column
-  const root = svg(label + cols * cell + 2 + slant, top + rows * cell + 2);
+  const edge = options.window && rows > options.window;
+  const root = svg(label + cols * cell + 2 + slant, top + rows * cell + 2 + (edge ? 16 : 0));
+  const outside = (i, j) => options.window && j <= i - options.window;
   matrix.forEach((row, i) => row.forEach((v, j) => {
     const t = Math.min(1, Math.abs(v) / max);
-    const colour = signed && v < 0 ? `rgba(220, 38, 38, ${t.toFixed(3)})` : `rgba(37, 99, 235, ${t.toFixed(3)})`;
+    const colour = outside(i, j) ? "#e2e8f0"
+      : signed && v < 0 ? `rgba(220, 38, 38, ${t.toFixed(3)})` : `rgba(37, 99, 235, ${t.toFixed(3)})`;
     const rect = el("rect", { x: label + j * cell, y: top + i * cell, width: cell - 0.5, height: cell - 0.5,
-                              fill: colour, "data-row": i, "data-col": j, "data-value": v, class: "cell" });
+                              fill: colour, "data-row": i, "data-col": j, "data-value": v,
+                              class: outside(i, j) ? "cell outside" : "cell" });
     const name = options.rowLabels && options.colLabels
       ? `${options.rowLabels[i]} → ${options.colLabels[j]}: ` : `(${i}, ${j}): `;
     rect.append(el("title", {}, name + fmt(v)));
@@ -38,8 +44,21 @@ export function heatmap(container, matrix, options = {}) {
   (options.colLabels ?? []).forEach((text, j) => root.append(el("text", {
     x: 0, y: 0, transform: `translate(${label + j * cell + cell * 0.75}, ${top - 3}) rotate(-60)`,
     "font-size": fontSize, class: "col-label", "data-col": j }, text)));
+  if (edge) windowEdge(root, rows, options.window, label, top, cell);
   container.replaceChildren(root);
   return root;
+}
+
+// The left edge of a sliding window over a heatmap's rows: row i sees columns i - w + 1 .. i, so the
+// line steps one cell right per row from row w on; "window w" written under its foot.
+function windowEdge(root, rows, w, left, top, cell) {
+  const x = (i) => left + (i - w + 1) * cell, y = (i) => top + i * cell;
+  let d = `M${x(w)},${y(w)}`;
+  for (let i = w; i < rows; i++) d += ` V${y(i + 1)}` + (i + 1 < rows ? ` H${x(i + 1)}` : "");
+  root.append(el("path", { d, fill: "none", stroke: "#dc2626", "stroke-width": 2, class: "window-edge",
+                           "data-window": w }),
+              el("text", { x: x(rows - 1), y: y(rows) + 13, "text-anchor": "middle", "font-size": 11, fill: "#dc2626",
+                           class: "window-label" }, `window ${w}`));
 }
 
 // series: [{name, points: [[x, y], ...], colour?}]. options: xLabel, yLabel, yMin, yMax, width, height.

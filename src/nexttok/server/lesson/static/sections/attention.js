@@ -1,11 +1,15 @@
 // Section 4 of the lesson, Attention: the T x T matrix of a layer and head (or the server's mean over
 // the heads), one row of it, and one head worked by hand (POST .../attention, .../attention/detail).
-// Both are capture views (captures.js): fetched only while the section is open.
+// Both are capture views (captures.js): fetched only while the section is open. Layers go by the
+// model's own index and type: a sliding-window layer's matrix marks the window's edge (keys older
+// than the window get no weight), and a recurrent layer has no matrix but a state of fixed size.
+// What is shown is in data-* attributes a test reads: #att-matrix[data-layer][data-kind][data-window],
+// its path.window-edge[data-window], #att-kind[data-kind] (and data-numbers for a state).
 
 import { sessionPath } from "../api.js";
 import { on, state } from "../app.js";
 import { byId, errorLine, h, isOpen, label, note, onOpen, row } from "../dom.js";
-import { fmt, pct, quote, visible } from "../format.js";
+import { fmt, kindName, layerLabel, pct, quote, stateWords, visible } from "../format.js";
 import * as Plot from "../plot.js";
 import { askCached, withNode } from "./captures.js";
 
@@ -26,6 +30,11 @@ export function build() {
          "tokens stay blank, because a token may not look ahead. Each head learns its own way of looking; " +
          "“mean” averages the heads of a layer."),
     row(label("layer", layer), label("head", head), label("start with", preset)),
+    note("Layers differ in how far back they look. A full-attention layer sees every earlier token. A " +
+         "sliding-window layer sees only the last few (its window): older keys get no weight, and the engine " +
+         "need not keep them. A recurrent layer, such as a short convolution, has no attention at all: it " +
+         "folds each token into a state of fixed size. The layer menu names each layer's type."),
+    h("p", { id: "att-kind" }),
     h("div", { id: "att-matrix", className: "matrix" }), h("div", { id: "att-scale" }),
     h("p", { id: "att-row-title" }), h("div", { id: "att-row", className: "pieces" }), errorLine("att"),
     h("h3", {}, "One head worked by hand"),
@@ -54,7 +63,7 @@ function fillSelectors(model) {
     select.replaceChildren(...fresh);
     if ([...select.options].some((o) => o.value === before)) select.value = before;
   };
-  keep(byId("att-layer"), options(model.layers));
+  keep(byId("att-layer"), model.layer_types.map((l) => h("option", { value: String(l.layer) }, layerLabel(l))));
   keep(byId("att-head"), [h("option", { value: "mean" }, "mean"), ...options(model.heads)]);
 }
 
@@ -80,9 +89,17 @@ function renderMatrix(d) {
   att.matrix = d;
   const labels = d.tokens.map((t) => visible(t.text));
   const box = byId("att-matrix");
-  Object.assign(box.dataset, { node: d.node, layer: d.layer, head: d.head ?? "mean",
-                               tokens: JSON.stringify(d.tokens.map((t) => t.id)) });
-  const svg = Plot.heatmap(box, d.weights, { rowLabels: labels, colLabels: labels, max: 1, onCell: (i) => choose(i) });
+  Object.assign(box.dataset, { node: d.node, layer: d.layer, head: d.head ?? "mean", kind: d.kind,
+                               window: d.window ?? "", tokens: JSON.stringify(d.tokens.map((t) => t.id)) });
+  renderKind(d);
+  if (d.recurrent) {  // no weights: nothing to draw, no row, no head to work by hand
+    box.replaceChildren();
+    for (const id of ["att-scale", "att-row", "att-detail"]) byId(id).replaceChildren();
+    for (const id of ["att-row-title", "att-detail-note"]) byId(id).textContent = "";
+    return;
+  }
+  const svg = Plot.heatmap(box, d.weights, { rowLabels: labels, colLabels: labels, max: 1, onCell: (i) => choose(i),
+                                             window: d.window ?? undefined });
   box.style.maxWidth = `${Math.round(svg.viewBox.baseVal.width * 1.5)}px`;  // a short text needs no full-width map
   svg.addEventListener("click", (event) => {  // a token's label names its row too (rows and columns alike)
     const { row: i, col: j } = event.target.dataset ?? {};
@@ -96,6 +113,25 @@ function renderMatrix(d) {
   }
   const last = d.tokens.length - 1;
   choose(att.query === null || att.query > last ? last : att.query);
+}
+
+// One line on the chosen layer's type: what it looks at, or (a recurrent layer) what it keeps.
+function renderKind(d) {
+  const p = byId("att-kind");
+  Object.assign(p.dataset, { layer: d.layer, kind: d.kind, window: d.window ?? "",
+                             numbers: d.recurrent ? d.state.numbers : "" });
+  if (d.recurrent) {
+    p.replaceChildren(h("strong", {}, `Layer ${d.layer}: ${stateWords(d)}.`),
+      " It has no attention weights to show: it keeps no keys, only that state, which each new token " +
+      `updates in place (${d.state.bytes.toLocaleString("en-US")} bytes, whether the text is 10 tokens long or 100,000).`);
+  } else if (d.window) {
+    p.replaceChildren(h("strong", {}, `Layer ${d.layer}: ${kindName(d.kind)}, window ${d.window}.`),
+      ` Each token sees itself and the ${d.window - 1} tokens before it. Keys left of the line are older ` +
+      "than the window: they get no weight, and generation does not keep them.");
+  } else {
+    p.replaceChildren(h("strong", {}, `Layer ${d.layer}: ${kindName(d.kind)}.`),
+      " Each token may look at every earlier token, so this layer keeps the keys of the whole text.");
+  }
 }
 
 function choose(i) {
@@ -126,7 +162,7 @@ async function refreshDetail(query) {
   const head = chosenHead() ?? 0;  // the mean of the heads has no q of its own: head 0 stands in
   const d = await askCached("detail", sessionPath(state.session, "attention/detail"),
                             withNode({ layer: Number(byId("att-layer").value), head, query }));
-  if (d) renderDetail(d, chosenHead() === null);
+  if (d && !att.matrix?.recurrent) renderDetail(d, chosenHead() === null);
 }
 
 // Two small tables, in the order of the computation: scores and softmax, then the weighted sum.
