@@ -181,10 +181,10 @@ def positions(model: Model, count: int, distance: int) -> dict:
 
 
 def kv_cache_bytes_per_token(model: Model, dtype: torch.dtype) -> int:
-    """Bytes of keys and values one token adds to the cache: 2 x layers x kv heads x head_dim x size."""
-    config = model.config
+    """Bytes of keys and values one token adds to the cache: 2 x layers x kv heads x head_dim x size
+    (summed over the layers that store any, each with its own shape: Gemma 4's differ)."""
     itemsize = torch.empty(0, dtype=dtype).element_size()
-    return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * itemsize
+    return 2 * sum(heads * dim for heads, dim in filter(None, model.config.cache_shapes())) * itemsize
 
 
 def stop_probability(model: Model, logits: torch.Tensor, stop_ids: list[int]) -> float:

@@ -161,7 +161,7 @@ class ExplainSession:
             shared += 1
         shared = min(shared, len(tokens) - 1)  # at least the last token goes through the model
         self.cache.truncate(shared)
-        pending = torch.tensor([tokens[shared:]], device=self.cache.k.device)
+        pending = torch.tensor([tokens[shared:]], device=self.cache.device)
         capture = AttentionCapture()
         start = time.perf_counter()
         with torch.inference_mode():
@@ -172,7 +172,7 @@ class ExplainSession:
                        experts=routing_at(capture.experts))
 
     def _uncached(self, tokens: list[int]) -> Forward:
-        ids = torch.tensor([tokens], device=self.cache.k.device)
+        ids = torch.tensor([tokens], device=self.cache.device)
         capture = AttentionCapture()
         start = time.perf_counter()
         with torch.inference_mode():
@@ -241,9 +241,9 @@ class ExplainSession:
 
     def cache_facts(self) -> dict:
         """The KV cache now: tokens held, bytes they take, capacity in tokens, storage dtype."""
-        per_token = lesson.kv_cache_bytes_per_token(self.model, self.cache.k.dtype)
+        per_token = lesson.kv_cache_bytes_per_token(self.model, self.cache.dtype)
         return {"tokens": len(self.cached), "bytes": len(self.cached) * per_token, "bytes_per_token": per_token,
-                "capacity": self.cache.max_len, "dtype": str(self.cache.k.dtype).removeprefix("torch.")}
+                "capacity": self.cache.max_len, "dtype": str(self.cache.dtype).removeprefix("torch.")}
 
     def redraw(self, params: SamplingParams, node_id: int, top_n: int = 10) -> dict:
         """Other dials on node_id's cached logits (no new node, usually no model call): the Step a

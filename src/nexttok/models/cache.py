@@ -42,13 +42,31 @@ class Cache(Protocol):
 
 
 class KVCache:
+    """shapes: what each layer stores, (KV heads, head_dim), or None for a layer that stores nothing
+    (Gemma 4's KV-shared layers attend over an earlier layer's keys and values); by default every
+    layer (n_kv_heads, head_dim). Layers of one shape share one buffer (a group): k and v are that
+    buffer (n_layers, B, n_kv, max_len, hd) where every layer stores alike, as in every family but
+    Gemma 4; groups holds each group's (k, v), layers each layer's views (B, n_kv, max_len, hd)."""
+
     def __init__(
         self, n_layers: int, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
         dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+        shapes: list[tuple[int, int] | None] | None = None,
     ):
-        shape = (n_layers, batch, n_kv_heads, max_len, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        shapes = shapes if shapes is not None else [(n_kv_heads, head_dim)] * n_layers
+        assert len(shapes) == n_layers, "one shape (or None) per layer"
+        self.shapes = list(shapes)
+        self.groups: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.layers: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * n_layers
+        for shape in dict.fromkeys(s for s in shapes if s is not None):
+            members = [i for i, s in enumerate(shapes) if s == shape]
+            size = (len(members), batch, shape[0], max_len, shape[1])
+            k = torch.zeros(size, dtype=dtype, device=device)
+            v = torch.zeros(size, dtype=dtype, device=device)
+            self.groups.append((k, v))
+            for j, layer in enumerate(members):
+                self.layers[layer] = (k[j], v[j])  # views: writing one writes the group's buffer
+        self.uniform = len(self.groups) == 1 and None not in shapes
         self.pos = torch.full((batch, max_len), -1, dtype=torch.long, device=device)
         self.max_len = max_len
         self.offset = 0  # slots in use
@@ -63,7 +81,29 @@ class KVCache:
         whose weights are `dtype` (the cache's own dtype: storage_dtype)."""
         max_len = max_len or config.max_position_embeddings
         return cls(config.num_hidden_layers, batch, config.num_key_value_heads, max_len,
-                   config.head_dim, storage_dtype(dtype, device), device)
+                   config.head_dim, storage_dtype(dtype, device), device, config.cache_shapes())
+
+    @property
+    def k(self) -> torch.Tensor:
+        """Every layer's keys (n_layers, B, n_kv, max_len, hd), where all layers store alike."""
+        if not self.uniform:
+            raise ValueError("this cache's layers store keys of several shapes (or none): read groups or layers")
+        return self.groups[0][0]
+
+    @property
+    def v(self) -> torch.Tensor:
+        """Every layer's values, as k."""
+        if not self.uniform:
+            raise ValueError("this cache's layers store values of several shapes (or none): read groups or layers")
+        return self.groups[0][1]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.groups[0][0].dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.pos.device
 
     @property
     def batch(self) -> int:
@@ -90,9 +130,10 @@ class KVCache:
         self, layer: int, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store this call's k, v (B, n_kv_heads, T, head_dim); return all cached (B, n_kv, S, hd)."""
-        self.k[layer, :, :, self._start : self.offset] = k
-        self.v[layer, :, :, self._start : self.offset] = v
-        return self.k[layer, :, :, : self.offset], self.v[layer, :, :, : self.offset]
+        keys, values = self.layers[layer]
+        keys[:, :, self._start : self.offset] = k
+        values[:, :, self._start : self.offset] = v
+        return keys[:, :, : self.offset], values[:, :, : self.offset]
 
     def truncate(self, length: int) -> None:
         """Forget every slot from `length` on (to branch generation from an earlier token)."""
@@ -122,8 +163,9 @@ class SlotCache:
     """
 
     def __init__(self, n_layers: int, slots: int, n_kv_heads: int, max_len: int, head_dim: int,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
-        self.store = KVCache(n_layers, slots, n_kv_heads, max_len, head_dim, dtype, device)
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                 shapes: list[tuple[int, int] | None] | None = None):
+        self.store = KVCache(n_layers, slots, n_kv_heads, max_len, head_dim, dtype, device, shapes)
         self.lengths = [0] * slots
         self.running = 0
 
@@ -131,7 +173,8 @@ class SlotCache:
     def for_model(cls, config, slots: int, max_len: int | None = None, dtype=torch.float32,
                   device="cpu") -> SlotCache:
         return cls(config.num_hidden_layers, slots, config.num_key_value_heads,
-                   max_len or config.max_position_embeddings, config.head_dim, storage_dtype(dtype, device), device)
+                   max_len or config.max_position_embeddings, config.head_dim, storage_dtype(dtype, device), device,
+                   config.cache_shapes())
 
     @property
     def slots(self) -> int:
@@ -158,8 +201,9 @@ class SlotCache:
         if slot != last:
             n = self.lengths[last]
             store = self.store
-            store.k[:, slot, :, :n] = store.k[:, last, :, :n]
-            store.v[:, slot, :, :n] = store.v[:, last, :, :n]
+            for k, v in store.groups:
+                k[:, slot, :, :n] = k[:, last, :, :n]
+                v[:, slot, :, :n] = v[:, last, :, :n]
             store.pos[slot] = store.pos[last]
             self.lengths[slot] = n
             moved = last
@@ -168,25 +212,29 @@ class SlotCache:
         self.running -= 1
         return moved
 
-    def load(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Start slot's sequence with keys and values computed earlier, k and v (n_layers,
-        n_kv_heads, T, head_dim) at positions 0..T-1 (a reused prompt prefix); a row() prefill
-        then continues at position T."""
-        n = k.shape[2]
+    def load(self, slot: int, groups: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Start slot's sequence with keys and values computed earlier at positions 0..T-1 (a
+        reused prompt prefix), one (k, v) per group of the store, each (layers in the group,
+        n_kv_heads, T, head_dim), as keys_values gives them; a row() prefill then continues at
+        position T."""
+        n = groups[0][0].shape[2]
         if n > self.max_len:
             raise ContextFull(f"context window full: {n} tokens > {self.max_len}")
         store = self.store
-        store.k[:, slot, :, :n] = k
-        store.v[:, slot, :, :n] = v
+        for (k, v), (keys, values) in zip(groups, store.groups, strict=True):
+            keys[:, slot, :, :n] = k
+            values[:, slot, :, :n] = v
         store.pos[slot] = -1
         store.pos[slot, :n] = torch.arange(n, device=store.pos.device)
         self.lengths[slot] = n
 
-    def keys_values(self, slot: int, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Views of slot's keys and values at positions start..end-1, (n_layers, n_kv_heads, end - start, head_dim)."""
+    def keys_values(self, slot: int, start: int, end: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Views of slot's keys and values at positions start..end-1, one (k, v) per group of the
+        store, each (layers in the group, n_kv_heads, end - start, head_dim): one for every family
+        but Gemma 4, whose layers store keys of two shapes."""
         if not 0 <= start <= end <= self.lengths[slot]:
             raise ValueError(f"slot {slot} holds {self.lengths[slot]} tokens; asked for {start}..{end}")
-        return self.store.k[:, slot, :, start:end], self.store.v[:, slot, :, start:end]
+        return [(k[:, slot, :, start:end], v[:, slot, :, start:end]) for k, v in self.store.groups]
 
     def row(self, slot: int) -> _RowView:
         return _RowView(self, slot)
@@ -221,10 +269,10 @@ class _RowView:
         return self.owner.store.pos[self.slot : self.slot + 1, : start + t]
 
     def update_and_fetch(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        store, s = self.owner.store, self.slot
-        store.k[layer, s, :, self._start : self._end] = k[0]
-        store.v[layer, s, :, self._start : self._end] = v[0]
-        return store.k[layer, s : s + 1, :, : self._end], store.v[layer, s : s + 1, :, : self._end]
+        (keys, values), s = self.owner.store.layers[layer], self.slot
+        keys[s, :, self._start : self._end] = k[0]
+        values[s, :, self._start : self._end] = v[0]
+        return keys[s : s + 1, :, : self._end], values[s : s + 1, :, : self._end]
 
 
 class _BatchView:
@@ -266,7 +314,7 @@ class _BatchView:
             self.owner.lengths[r] = 0
 
     def update_and_fetch(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        store = self.owner.store
-        store.k[layer, self.rows, :, self.ends] = k[:, :, 0].to(store.k.dtype)  # (B, n_kv, hd) at each row's end
-        store.v[layer, self.rows, :, self.ends] = v[:, :, 0].to(store.v.dtype)
-        return store.k[layer, : self.n, :, : self.width], store.v[layer, : self.n, :, : self.width]
+        keys, values = self.owner.store.layers[layer]
+        keys[self.rows, :, self.ends] = k[:, :, 0].to(keys.dtype)  # (B, n_kv, hd) at each row's end
+        values[self.rows, :, self.ends] = v[:, :, 0].to(values.dtype)
+        return keys[: self.n, :, : self.width], values[: self.n, :, : self.width]

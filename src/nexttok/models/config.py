@@ -77,6 +77,18 @@ class ModelConfig:
     residual_multiplier: float = 1.0
     attention_multiplier: float | None = None
     logits_scaling: float = 1.0
+    # Gemma 4: layers of their own attention shape (per layer head_dim and KV heads; []: every layer
+    # head_dim and num_key_value_heads), the last num_kv_shared_layers attending over the keys and
+    # values of the last earlier layer of their kind (kv_source), keys used as values on full layers
+    # (attention_k_eq_v), per-layer input embeddings of hidden_size_per_layer_input (0: none) over
+    # vocab_size_per_layer_input tokens, MLPs twice as wide on the KV-shared layers (use_double_wide_mlp)
+    layer_head_dims: list[int] = field(default_factory=list)
+    layer_kv_heads: list[int] = field(default_factory=list)
+    num_kv_shared_layers: int = 0
+    attention_k_eq_v: bool = False
+    hidden_size_per_layer_input: int = 0
+    vocab_size_per_layer_input: int = 0
+    use_double_wide_mlp: bool = False
     bos_token_id: int | None = None
     eos_token_id: list[int] = field(default_factory=list)
     torch_dtype: str | None = None
@@ -131,6 +143,7 @@ class ModelConfig:
                 raise ConfigError(f"{name} must be a positive number, got {value!r}")
         self._validate_rotary()
         self._validate_experts()
+        self._validate_layer_shapes()
 
     def _validate_rotary(self) -> None:
         if not (0 < self.partial_rotary_factor <= 1) or self.rotary_dim % 2 or not self.rotary_dim:
@@ -164,6 +177,50 @@ class ModelConfig:
         if groups > 1 and e // groups < 2:
             raise ConfigError(f"n_group ({groups}) leaves fewer than 2 experts per group (a group's score is "
                               "its best two)")
+
+    def _validate_layer_shapes(self) -> None:
+        n = self.num_hidden_layers
+        for name in ("layer_head_dims", "layer_kv_heads"):
+            values = getattr(self, name)
+            if values and (len(values) != n or not all(type(v) is int and v > 0 for v in values)):
+                raise ConfigError(f"{name} must be a positive integer for each of {n} layers, got {values!r}")
+        if any(d % 2 for d in self.layer_head_dims):
+            raise ConfigError(f"head dims must be even for rotary embeddings, got {self.layer_head_dims}")
+        if any(self.num_attention_heads % h for h in self.layer_kv_heads):
+            raise ConfigError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of every "
+                              f"layer's KV heads ({self.layer_kv_heads})")
+        shared = self.num_kv_shared_layers
+        if type(shared) is not int or not 0 <= shared < n:
+            raise ConfigError(f"num_kv_shared_layers must be an integer in 0..{n - 1}, got {shared!r}")
+        own = set(self.layer_types[: n - shared])
+        if shared and not set(self.layer_types[n - shared :]) <= own:
+            raise ConfigError("num_kv_shared_layers: a KV-shared layer's kind (layer_types) has no earlier layer of "
+                              "that kind to take keys and values from")
+        for name in ("hidden_size_per_layer_input", "vocab_size_per_layer_input"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 0:
+                raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
+
+    def kv_shape(self, layer: int) -> tuple[int, int]:
+        """(KV heads, head_dim) of a layer's keys and values (and of its query heads' head_dim)."""
+        heads = self.layer_kv_heads[layer] if self.layer_kv_heads else self.num_key_value_heads
+        return heads, self.layer_head_dims[layer] if self.layer_head_dims else self.head_dim
+
+    def kv_source(self, layer: int) -> int:
+        """The layer whose keys and values `layer` attends over: itself, but for the last
+        num_kv_shared_layers, which take those of the last layer of their kind before them.
+
+        With layer_types [sliding, full, sliding, full] and num_kv_shared_layers 2: [0, 1, 0, 1]."""
+        first_shared = self.num_hidden_layers - self.num_kv_shared_layers
+        if layer < first_shared:
+            return layer
+        kind = self.layer_types[layer]
+        return max(i for i in range(first_shared) if self.layer_types[i] == kind)
+
+    def cache_shapes(self) -> list[tuple[int, int] | None]:
+        """What a KV cache holds per layer: (KV heads, head_dim), or None for a layer that stores
+        nothing (it attends over another layer's: kv_source)."""
+        return [self.kv_shape(i) if self.kv_source(i) == i else None for i in range(self.num_hidden_layers)]
 
     @property
     def rotary_dim(self) -> int:

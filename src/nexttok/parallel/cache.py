@@ -69,7 +69,7 @@ class CacheLog:
         return ops
 
     def call(self, proxy: Mirrored, name: str, method, args: tuple, kwargs: dict):
-        if any(isinstance(a, torch.Tensor) for a in (*args, *kwargs.values())):
+        if _holds_tensor((*args, *kwargs.values())):
             raise ValueError(f"cache.{name}() with tensors cannot be replayed on the other tensor-parallel ranks "
                              "(rank 0's keys and values hold only its own KV heads)")
         result = method(*args, **kwargs)
@@ -142,6 +142,13 @@ class Replicas:
 
     def _drop(self, key: int) -> None:
         self.caches.pop(key, None)
+
+
+def _holds_tensor(value) -> bool:
+    """A tensor, or a list / tuple with one somewhere inside (SlotCache.load's groups of keys and values)."""
+    if isinstance(value, (list, tuple)):
+        return any(_holds_tensor(v) for v in value)
+    return isinstance(value, torch.Tensor)
 
 
 def _spec(cache: SlotCache | KVCache) -> tuple:
