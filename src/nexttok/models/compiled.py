@@ -82,5 +82,8 @@ def compile_decode(model: nn.Module) -> CompiledDecode:
     if model.config.is_moe:
         raise CompileUnavailable(f"mixture-of-experts layers ({model.config.model_type}) choose their weights per "
                                  "token, which a compiled step cannot: the decode step runs uncompiled")
+    reason = getattr(model, "UNCOMPILED", None)  # an architecture the compiled step cannot run, and why
+    if reason is not None:
+        raise CompileUnavailable(f"{reason}: the decode step runs uncompiled")
     model.compiled = CompiledDecode(next(model.parameters()).device)
     return model.compiled
