@@ -25,7 +25,8 @@ openai = pytest.importorskip("openai")
 MODEL = "tiny"
 
 
-@pytest.fixture(scope="module", params=["llama_gqa_llama3_rope", "mistral", "qwen2_sliding", "gpt2", "qwen3_moe", "gpt_oss"])
+@pytest.fixture(scope="module", params=["llama_gqa_llama3_rope", "mistral", "qwen2_sliding", "gpt2", "qwen3_moe", "gpt_oss",
+                                        "gemma4"])
 def model(request, tmp_path_factory):
     directory = tmp_path_factory.mktemp(request.param)
     write_tiny(request.param, directory)
