@@ -77,11 +77,9 @@ class ModelConfig:
     residual_multiplier: float = 1.0
     attention_multiplier: float | None = None
     logits_scaling: float = 1.0
-    # Gemma 4: layers of their own attention shape (per layer head_dim and KV heads; []: every layer
-    # head_dim and num_key_value_heads), the last num_kv_shared_layers attending over the keys and
-    # values of the last earlier layer of their kind (kv_source), keys used as values on full layers
-    # (attention_k_eq_v), per-layer input embeddings of hidden_size_per_layer_input (0: none) over
-    # vocab_size_per_layer_input tokens, MLPs twice as wide on the KV-shared layers (use_double_wide_mlp)
+    # Gemma 4: per layer head_dim and KV heads ([]: all alike), the last num_kv_shared_layers borrowing
+    # keys and values (kv_source), keys as values on full layers, per-layer input embeddings (0: none),
+    # MLPs twice as wide on the KV-shared layers
     layer_head_dims: list[int] = field(default_factory=list)
     layer_kv_heads: list[int] = field(default_factory=list)
     num_kv_shared_layers: int = 0
@@ -180,26 +178,21 @@ class ModelConfig:
 
     def _validate_layer_shapes(self) -> None:
         n = self.num_hidden_layers
-        for name in ("layer_head_dims", "layer_kv_heads"):
+        heads = self.num_attention_heads
+        for name, fits, what in (("layer_head_dims", lambda v: v % 2 == 0, "even (RoPE)"),
+                                 ("layer_kv_heads", lambda v: heads % v == 0, f"dividing the {heads} heads")):
             values = getattr(self, name)
-            if values and (len(values) != n or not all(type(v) is int and v > 0 for v in values)):
-                raise ConfigError(f"{name} must be a positive integer for each of {n} layers, got {values!r}")
-        if any(d % 2 for d in self.layer_head_dims):
-            raise ConfigError(f"head dims must be even for rotary embeddings, got {self.layer_head_dims}")
-        if any(self.num_attention_heads % h for h in self.layer_kv_heads):
-            raise ConfigError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of every "
-                              f"layer's KV heads ({self.layer_kv_heads})")
+            if values and (len(values) != n or not all(type(v) is int and v > 0 and fits(v) for v in values)):
+                raise ConfigError(f"{name} must be positive integers {what}, one per layer ({n}), got {values!r}")
         shared = self.num_kv_shared_layers
         if type(shared) is not int or not 0 <= shared < n:
             raise ConfigError(f"num_kv_shared_layers must be an integer in 0..{n - 1}, got {shared!r}")
-        own = set(self.layer_types[: n - shared])
-        if shared and not set(self.layer_types[n - shared :]) <= own:
+        if shared and not set(self.layer_types[n - shared :]) <= set(self.layer_types[: n - shared]):
             raise ConfigError("num_kv_shared_layers: a KV-shared layer's kind (layer_types) has no earlier layer of "
                               "that kind to take keys and values from")
         for name in ("hidden_size_per_layer_input", "vocab_size_per_layer_input"):
-            value = getattr(self, name)
-            if type(value) is not int or value < 0:
-                raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
+            if type(getattr(self, name)) is not int or getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be a non-negative integer, got {getattr(self, name)!r}")
 
     def kv_shape(self, layer: int) -> tuple[int, int]:
         """(KV heads, head_dim) of a layer's keys and values (and of its query heads' head_dim)."""
@@ -218,8 +211,7 @@ class ModelConfig:
         return max(i for i in range(first_shared) if self.layer_types[i] == kind)
 
     def cache_shapes(self) -> list[tuple[int, int] | None]:
-        """What a KV cache holds per layer: (KV heads, head_dim), or None for a layer that stores
-        nothing (it attends over another layer's: kv_source)."""
+        """What a KV cache holds per layer: (KV heads, head_dim), or None (it borrows: kv_source)."""
         return [self.kv_shape(i) if self.kv_source(i) == i else None for i in range(self.num_hidden_layers)]
 
     @property
