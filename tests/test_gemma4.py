@@ -3,7 +3,7 @@ and every cached step, padded batches against each row alone, attention weights)
 against HF's own padded batch at every cached step, KV-shared layers that write no cache, the
 server's paths (SlotCache rows, the scheduler with its prefix cache, speculative decoding's
 truncation) giving the tokens of plain decoding, the multimodal checkpoint's text part, the hub's
-config spelling, the router, and one-line refusals."""
+config spelling, the router, the explainer's inspection, and one-line refusals."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from nexttok.checkpoints.loading import load_checkpoint, load_model
 from nexttok.generation.loop import Generation, generate
 from nexttok.generation.sampling import SamplingParams
 from nexttok.generation.speculative import NgramDrafter, Rounds, speculative_stream
+from nexttok.lesson import sections as lesson
 from nexttok.models.attention import AttentionCapture
 from nexttok.models.cache import KVCache
 from nexttok.models.compiled import CompileUnavailable, compile_decode
@@ -214,6 +215,21 @@ def test_router_choice_is_hfs(pairs):
         assert torch.equal(chosen, top.indices)
         scale = ours.layers[layer].router.per_expert_scale[chosen]
         torch.testing.assert_close(weights, top.values / top.values.sum(-1, keepdim=True) * scale, atol=1e-5, rtol=0)
+
+
+def test_explainer_inspects_layers_of_both_head_sizes(pairs):
+    """The explainer's inspection keeps each layer's q, k, v at its own head size; worked by hand,
+    one query's weights are the model's on a sliding layer, a full one (heads twice the size) and a
+    KV-shared one; a token's keys and values take the bytes of the layers that store any."""
+    _, ours, _ = pairs("gemma4")
+    ids = _ids(11, seed=6)[0].tolist()
+    seen = lesson.inspect(ours, ids)
+    assert [q.shape[-1] for q in seen.q] == [16, 32, 16, 16, 32]
+    for layer in (0, 1, 3, 4):
+        detail = lesson.attention_detail(seen, layer, 2, 10)
+        assert detail["first"] == (6 if layer in (0, 3) else 0) and detail["head_dim"] == seen.q[layer].shape[-1]
+        torch.testing.assert_close(detail["weights"], detail["model_weights"], atol=1e-6, rtol=1e-5)
+    assert lesson.kv_cache_bytes_per_token(ours, torch.float32) == 2 * (2 * 16 + 2 * 32 + 2 * 16) * 4
 
 
 def test_what_gemma4_does_not_do_says_so_in_one_line(pairs):

@@ -30,9 +30,10 @@ class Inspection:
     ids: list[int]
     hidden: list[torch.Tensor]  # L + 1 residual streams (T, hidden): after the embeddings, after each layer
     weights: torch.Tensor  # (L, n_head, T, T) attention weights, float32
-    q: torch.Tensor  # (L, n_head, T, head_dim) queries after RoPE, float32
-    k: torch.Tensor  # (L, n_head, T, head_dim) keys (shared heads repeated), float32
-    v: torch.Tensor  # (L, n_head, T, head_dim) values, float32
+    # per layer, as its heads are sized (Gemma 4's full layers have larger ones):
+    q: list[torch.Tensor]  # (n_head, T, head_dim) queries after RoPE, float32
+    k: list[torch.Tensor]  # (n_head, T, head_dim) keys (shared heads repeated), float32
+    v: list[torch.Tensor]  # (n_head, T, head_dim) values, float32
     logits: torch.Tensor  # (T, vocab) the model's output, float32
     windows: list[int | None]  # per layer: how many recent keys a query sees (None: all earlier ones)
 
@@ -46,11 +47,11 @@ def inspect(model: Model, ids: list[int]) -> Inspection:
     capture = AttentionCapture(full=True)
     with torch.inference_mode():
         logits = model(torch.tensor([ids], device=device), None, capture=capture)[0].float()  # (T, vocab)
-    stacked = [torch.stack([layer[i][0] for layer in capture.qkv]) for i in range(3)]  # (L, n_head, T, hd)
+    per_layer = [[layer[i][0] for layer in capture.qkv] for i in range(3)]  # q, k, v: L of (n_head, T, hd)
     config = model.config
     windows = [config.sliding_window if kind == "sliding_attention" else None for kind in config.layer_types]
     return Inspection(list(ids), [h[0] for h in capture.hidden], torch.stack([w[0] for w in capture.weights]),
-                      *stacked, logits, windows)
+                      *per_layer, logits, windows)
 
 
 def lens(model: Model, tokenizer: Tokenizer, inspection: Inspection, position: int = -1, top: int = 5) -> dict:
@@ -91,9 +92,9 @@ def attention_detail(inspection: Inspection, layer: int, head: int, query: int) 
     query = _position(inspection, query, "query")
     window = inspection.windows[layer]
     first = max(0, query - window + 1) if window else 0
-    q = inspection.q[layer, head, query]  # (hd,)
-    keys = inspection.k[layer, head, first : query + 1]  # (query + 1 - first, hd)
-    values = inspection.v[layer, head, first : query + 1]
+    q = inspection.q[layer][head, query]  # (hd,)
+    keys = inspection.k[layer][head, first : query + 1]  # (query + 1 - first, hd)
+    values = inspection.v[layer][head, first : query + 1]
     scale = math.sqrt(q.shape[-1])
     scores = keys @ q / scale  # (query + 1 - first,)
     weights = scores.softmax(-1)
