@@ -77,7 +77,7 @@ def test_longrope_batch_across_the_boundary_equals_each_alone(pairs, name):
 
 
 @pytest.mark.parametrize("name", ["phi3_longrope", "gemma3", "qwen3_sliding_bias_tied", "qwen3_moe", "gpt_oss",
-                                  "glm4_moe"])
+                                  "glm4_moe", "gemma4", "gemma4_k_eq_v"])
 @torch.inference_mode()
 def test_server_slots_decode_together_as_alone(pairs, name):
     """The server's SlotCache: rows stored from slot 0 at lengths of their own (row-by-row

@@ -116,7 +116,7 @@ def test_server_slots_decode_together_as_alone(pairs):
         alone = decode([p], release_first=True)[0]
         torch.testing.assert_close(torch.stack(alone), torch.stack(seq), atol=ATOL, rtol=0)
     with pytest.raises(StateRollback, match="cannot start from stored keys and values"):
-        SlotCache.for_model(ours.config, slots=1, max_len=8).load(0, torch.zeros(1, 2, 3, 16), torch.zeros(1, 2, 3, 16))
+        SlotCache.for_model(ours.config, slots=1, max_len=8).load(0, [(torch.zeros(1, 2, 3, 16), torch.zeros(1, 2, 3, 16))])
 
 
 def test_what_cannot_hold_a_state_refuses_in_one_line(pairs):

@@ -83,7 +83,7 @@ def test_attention_detail_is_the_models_weights_by_hand(pair):
         assert detail["keys"].shape == (query + 1 - first, model.config.head_dim)
         assert float(seen.weights[layer, head, query, :first].sum()) == 0  # outside the window: nothing
         torch.testing.assert_close(detail["weights"], detail["model_weights"], atol=1e-6, rtol=1e-5)
-        q, k, v = (t[layer, head : head + 1, first : query + 1] for t in (seen.q, seen.k, seen.v))
+        q, k, v = (t[layer][head : head + 1, first : query + 1] for t in (seen.q, seen.k, seen.v))
         expected = F.scaled_dot_product_attention(q[:, -1:], k, v)[0, -1]
         torch.testing.assert_close(detail["output"], expected, atol=1e-5, rtol=1e-4)
     with pytest.raises(InvalidParameter, match="layer must be in 0..1"):

@@ -54,7 +54,7 @@ def test_lens_attention_and_detail_routes_equal_the_functions(live):
     detail = post(f"/explain/sessions/{key}/attention/detail", {"layer": 1, "head": 0, "query": 4}).json()
     assert detail["weights"] == pytest.approx(seen.weights[1, 0, 4, :5].tolist(), abs=1e-4)
     assert len(detail["keys"]) == 5 and len(detail["q"]) == served.model.config.head_dim
-    assert detail["output"] == pytest.approx((seen.weights[1, 0, 4, :5] @ seen.v[1, 0, :5]).tolist(), abs=1e-4)
+    assert detail["output"] == pytest.approx((seen.weights[1, 0, 4, :5] @ seen.v[1][0, :5]).tolist(), abs=1e-4)
     bad = post(f"/explain/sessions/{key}/attention", {"layer": 99})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "layer"
     bad = post(f"/explain/sessions/{key}/lens", {"node": 500})

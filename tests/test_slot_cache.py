@@ -10,7 +10,7 @@ from nexttok.models.cache import SlotCache
 from tiny_models import write_tiny
 
 
-@pytest.fixture(scope="module", params=["llama_gqa_llama3_rope", "mistral", "gpt2"])
+@pytest.fixture(scope="module", params=["llama_gqa_llama3_rope", "mistral", "gpt2", "gemma4"])
 def model(request, tmp_path_factory):
     directory = tmp_path_factory.mktemp(request.param)
     write_tiny(request.param, directory)

@@ -86,6 +86,29 @@ SPECS = {
     "lfm2": ("Lfm2Config", dict(COMMON, num_hidden_layers=4, num_key_value_heads=2, conv_L_cache=3, eos_token_id=2,
                                 pad_token_id=0, bos_token_id=1, block_multiple_of=16,
                                 layer_types=["conv", "full_attention", "conv", "conv"])),
+    # Gemma 4 (models/gemma4.py), as gemma-4-E2B: per-layer inputs, the last 2 layers KV-shared (a sliding
+    # one borrowing layer 2's keys, a full one layer 1's) with double-wide MLPs, full layers with heads of
+    # twice the size and proportional RoPE (a quarter of the pairs turn, scaled), a window the prompts
+    # exceed, the final soft cap
+    "gemma4": ("Gemma4TextConfig", dict(
+        COMMON, num_hidden_layers=5, num_key_value_heads=2, head_dim=16, global_head_dim=32, sliding_window=5,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
+                     "full_attention"], num_kv_shared_layers=2, use_double_wide_mlp=True,
+        hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB, final_logit_softcapping=3.0,
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                         "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                            "factor": 2.0, "rope_theta": 10000.0}})),
+    # as gemma-4-31B: full layers with one KV head whose keys are also the values, no per-layer inputs,
+    # no sharing, untied
+    "gemma4_k_eq_v": ("Gemma4TextConfig", dict(
+        COMMON, num_hidden_layers=3, num_key_value_heads=2, head_dim=16, global_head_dim=32,
+        num_global_key_value_heads=1, attention_k_eq_v=True, sliding_window=6, hidden_size_per_layer_input=0,
+        layer_types=["sliding_attention", "full_attention", "full_attention"], tie_word_embeddings=False)),
+    # as gemma-4-26B-A4B: experts beside the dense MLP on every layer (Gemma 4's own router)
+    "gemma4_moe": ("Gemma4TextConfig", dict(
+        COMMON, num_hidden_layers=2, num_key_value_heads=2, head_dim=16, global_head_dim=32, sliding_window=6,
+        hidden_size_per_layer_input=0, layer_types=["sliding_attention", "full_attention"],
+        enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32)),
     # mixtures of experts (models/moe.py): each family's router, a dense layer where the family has
     # them, and what else differs (shared experts, biases, sinks, windows, multipliers)
     "qwen3_moe": ("Qwen3MoeConfig", dict(
@@ -123,7 +146,9 @@ SPECS = {
         COMMON, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=2.0,
         residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=3.0)),
 }
-MOE = [name for name in SPECS if any(family in name for family in ("moe", "mixtral", "gpt_oss"))]
+# Gemma 4's router reports probabilities (not logits) and scales its weights per expert: tests/test_gemma4.py
+MOE = [name for name in SPECS if any(family in name for family in ("moe", "mixtral", "gpt_oss"))
+       and not name.startswith("gemma4")]
 # one per family, each something llama.cpp's GGUF holds as is (tests/test_moe_gguf.py writes them as GGUF)
 GGUF_MOE = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gpt_oss", "glm4_moe", "granitemoe"]
 # the dense families of 2025 likewise (tests/test_dense_gguf.py)
@@ -151,6 +176,8 @@ def write_tiny(name: str, directory: Path, seed: int = 0, vocab_size: int | None
         for name, b in model.named_buffers():  # a router's score correction (GLM-4-MoE) is a buffer
             if name.endswith("e_score_correction_bias"):
                 b.normal_(0, 0.2)
+            if name.endswith("layer_scalar"):  # Gemma 4's scale of each layer's output (1 at init)
+                b.uniform_(0.5, 1.5)
     model.eval()
     model.save_pretrained(directory, **save_kwargs)
     return model

@@ -31,9 +31,10 @@ class Inspection:
     hidden: list[torch.Tensor]  # L + 1 residual streams (T, hidden): after the embeddings, after each layer
     # per attention entry, A of them (one per attention layer: a recurrent layer attends to nothing)
     weights: torch.Tensor  # (A, n_head, T, T) attention weights, float32
-    q: torch.Tensor  # (A, n_head, T, head_dim) queries after RoPE, float32
-    k: torch.Tensor  # (A, n_head, T, head_dim) keys (shared heads repeated), float32
-    v: torch.Tensor  # (A, n_head, T, head_dim) values, float32
+    # per entry, as its heads are sized (Gemma 4's full layers have larger ones):
+    q: list[torch.Tensor]  # (n_head, T, head_dim) queries after RoPE, float32
+    k: list[torch.Tensor]  # (n_head, T, head_dim) keys (shared heads repeated), float32
+    v: list[torch.Tensor]  # (n_head, T, head_dim) values, float32
     logits: torch.Tensor  # (T, vocab) the model's output, float32
     windows: list[int | None]  # per entry: how many recent keys a query sees (None: all earlier ones)
     layers: list[int]  # per entry: the model's layer it belongs to (AttentionCapture.layers)
@@ -60,12 +61,12 @@ def inspect(model: Model, ids: list[int]) -> Inspection:
     capture = AttentionCapture(full=True)
     with torch.inference_mode():
         logits = model(torch.tensor([ids], device=device), None, capture=capture)[0].float()  # (T, vocab)
-    stacked = [torch.stack([layer[i][0] for layer in capture.qkv]) for i in range(3)]  # (L, n_head, T, hd)
+    per_entry = [[layer[i][0] for layer in capture.qkv] for i in range(3)]  # q, k, v: A of (n_head, T, hd)
     kinds = list(model.config.layer_types)
     windows = [model.config.sliding_window if kinds[layer] == "sliding_attention" else None
                for layer in capture.layers]
     return Inspection(list(ids), [h[0] for h in capture.hidden], torch.stack([w[0] for w in capture.weights]),
-                      *stacked, logits, windows, list(capture.layers), kinds)
+                      *per_entry, logits, windows, list(capture.layers), kinds)
 
 
 def lens(model: Model, tokenizer: Tokenizer, inspection: Inspection, position: int = -1, top: int = 5) -> dict:
@@ -105,9 +106,9 @@ def attention_detail(inspection: Inspection, layer: int, head: int, query: int) 
     query = _position(inspection, query, "query")
     window = inspection.windows[entry]
     first = max(0, query - window + 1) if window else 0
-    q = inspection.q[entry, head, query]  # (hd,)
-    keys = inspection.k[entry, head, first : query + 1]  # (query + 1 - first, hd)
-    values = inspection.v[entry, head, first : query + 1]
+    q = inspection.q[entry][head, query]  # (hd,)
+    keys = inspection.k[entry][head, first : query + 1]  # (query + 1 - first, hd)
+    values = inspection.v[entry][head, first : query + 1]
     scale = math.sqrt(q.shape[-1])
     scores = keys @ q / scale  # (query + 1 - first,)
     weights = scores.softmax(-1)
@@ -195,11 +196,12 @@ def positions(model: Model, count: int, distance: int) -> dict:
 
 
 def kv_cache_bytes_per_token(model: Model, dtype: torch.dtype) -> int:
-    """Bytes of keys and values one token adds to a cache that keeps every key: 2 x attention layers
-    x kv heads x head_dim x size (a recurrent layer keeps none: lesson.layers)."""
-    config = model.config
+    """Bytes of keys and values one token adds to a cache that keeps every key: 2 x kv heads x
+    head_dim x size, summed over the layers that store keys (each with its own shape: Gemma 4's
+    differ; a recurrent layer keeps none: lesson.layers)."""
     itemsize = torch.empty(0, dtype=dtype).element_size()
-    return 2 * len(config.attention_layers) * config.num_key_value_heads * config.head_dim * itemsize
+    shapes = model.config.cache_shapes()
+    return 2 * sum(shapes[i][0] * shapes[i][1] for i in model.config.attention_layers if shapes[i]) * itemsize
 
 
 def stop_probability(model: Model, logits: torch.Tensor, stop_ids: list[int]) -> float:

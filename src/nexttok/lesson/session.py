@@ -167,7 +167,7 @@ class ExplainSession:
         if self.cache.state_layers and shared < len(self.cached):  # a recurrent state goes back only to the start
             shared = 0
         self.cache.truncate(shared)
-        pending = torch.tensor([tokens[shared:]], device=self.cache.k.device)
+        pending = torch.tensor([tokens[shared:]], device=self.cache.device)
         capture = AttentionCapture()
         start = time.perf_counter()
         with torch.inference_mode():
@@ -178,7 +178,7 @@ class ExplainSession:
                        experts=routing_at(capture.experts), layers=list(capture.layers))
 
     def _uncached(self, tokens: list[int]) -> Forward:
-        ids = torch.tensor([tokens], device=self.cache.k.device)
+        ids = torch.tensor([tokens], device=self.cache.device)
         capture = AttentionCapture()
         start = time.perf_counter()
         with torch.inference_mode():
@@ -251,7 +251,7 @@ class ExplainSession:
         layer) takes for them, capacity in tokens, storage dtype; held: what generation's cache holds
         for this many tokens per layer type (lesson.layers.CacheMemory), and full_context: the same at
         the model's whole context window."""
-        dtype, tokens = self.cache.k.dtype, len(self.cached)
+        dtype, tokens = self.cache.dtype, len(self.cached)
         per_token = lesson.kv_cache_bytes_per_token(self.model, dtype)
         states = sum(layer.bytes for layer in self.layers)
         config = self.model.config

@@ -89,6 +89,9 @@ class Architecture:
     renames: tuple[tuple[str, str], ...] = ()  # (checkpoint name part, ours), applied in order
     transforms: Mapping[str, Callable[[torch.Tensor], torch.Tensor]] = field(default_factory=dict)
     unused: Callable[[str, int], bool] | None = None  # (checkpoint name, num_hidden_layers): left unread on purpose
+    # config.json nests the text model's config under "text_config" (a multimodal checkpoint whose
+    # text part nexttok runs: Gemma 4's); token ids and dtype at the top level win over the nested ones
+    text_config: bool = False
 
     def checkpoint_name(self, name: str) -> str:
         """A checkpoint tensor's name in our modules' terms (renames applied)."""

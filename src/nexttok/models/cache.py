@@ -5,12 +5,8 @@ One forward call first reserves its slots (`append_positions`), then each attent
 its keys and values there (`update_and_fetch`) and attends over everything cached so far. Slot
 positions are kept too (-1 = empty or padding), which is what the attention mask is built from.
 
-A sliding-window layer reads only the last `window` keys, so a windowed cache (for_model(...,
-windowed=True): generation's) keeps only those for it, plus WINDOW_SLACK and a prefill chunk's room:
-its keys live in a buffer of their own, in order, whose start (`base`, a slot) moves up when the
-buffer fills (the last window - 1 + WINDOW_SLACK keys moved to its front: amortised, one copy per
-chunk of tokens). Gemma 3's local layers (window 512) then hold 672 slots at any context instead of
-32,768. Truncating back past what the buffer kept is a StateRollback.
+A windowed cache (for_model(..., windowed=True): generation's) keeps a sliding-window layer's last
+keys only (window_keys.py). Layers that store nothing borrow another's (Gemma 4's KV-shared layers).
 
 A recurrent layer (LFM2's short convolutions) keeps no keys: it folds each token into a state of
 its own whose size does not grow with the context (`state`), updated in place. A state cannot be
@@ -20,69 +16,51 @@ taken back a token (it holds no history), so such a cache truncates only to 0 or
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol
 
 import torch
 
+from nexttok.models.cache_protocol import Cache, ContextFull, StateRollback, storage_dtype  # noqa: F401 (theirs too)
 from nexttok.models.window_keys import WINDOW_CHUNK, WINDOW_SLACK, WindowKeys
 
 
-def storage_dtype(dtype: torch.dtype, device: torch.device | str) -> torch.dtype:
-    """The dtype a model's keys and values are kept (and attended) in: float32 on the CPU whatever
-    the weights, since the CPU attention kernels run 2-6x faster in float32 than in bfloat16 here
-    (no native bfloat16 arithmetic: 147 vs 36 us at 150 keys, 485 vs 76 us at 600, SmolLM2's
-    heads); the model's own dtype on an accelerator."""
-    return torch.float32 if torch.device(device).type == "cpu" and dtype.is_floating_point else dtype
-
-
-class ContextFull(ValueError):
-    """More tokens than the cache (the context window) holds."""
-
-
-class StateRollback(ValueError):
-    """A cache with recurrent states (or sliding-window keys it no longer holds) asked to go back to a
-    token it cannot."""
-
-
-class Cache(Protocol):
-    """What a model's forward pass needs of a KV cache.
-
-    A call reserves slots for its tokens (append_positions, which returns the positions of every
-    key the call's queries may see), then each layer stores its keys/values and gets back all of
-    them (update_and_fetch)."""
-
-    offset: int  # slots in use: where the next tokens go when the caller gives no positions
-    contiguous: bool  # every row holds positions 0..offset-1 in order (no padding, no holes)
-    spans: list[tuple[int, int]] | None  # rows with keys of their own lengths: row r sees keys [a, b)
-
-    def append_positions(self, positions: torch.Tensor, contiguous: bool = False) -> torch.Tensor: ...
-
-    def update_and_fetch(self, layer: int, k: torch.Tensor, v: torch.Tensor
-                         ) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-
 class KVCache:
-    """state_layers: the layers that keep a recurrent state instead of keys and values (no rows of
-    k and v are kept for them; kv_row maps the full attention layers to theirs). windows: layer ->
-    its sliding window, for the layers whose keys are kept for their window only (WindowKeys)."""
+    """shapes: what each layer stores, (KV heads, head_dim), or None (Gemma 4's KV-shared layers);
+    by default (n_kv_heads, head_dim). Layers of one shape share a buffer: groups holds each group's
+    (k, v), layers each layer's views (B, n_kv, max_len, hd); k and v are the one group's, where
+    there is one. state_layers keep a recurrent state (state()); windows: layer -> its window, for
+    layers whose keys are kept for their window only (WindowKeys, per window and shape)."""
 
     def __init__(
         self, n_layers: int, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
-        dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", state_layers: Sequence[int] = (),
+        dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+        shapes: list[tuple[int, int] | None] | None = None, state_layers: Sequence[int] = (),
         windows: Mapping[int, int] | None = None,
     ):
-        self.n_layers, self.state_layers = n_layers, tuple(state_layers)
-        self.windows = dict(windows or {})
-        self.window_keys = {
-            w: WindowKeys(w, [i for i in sorted(self.windows) if self.windows[i] == w], batch, n_kv_heads,
-                           min(max_len, w + WINDOW_SLACK + WINDOW_CHUNK), head_dim, dtype, device)
-            for w in sorted(set(self.windows.values()))}
-        kv_layers = [i for i in range(n_layers) if i not in self.state_layers and i not in self.windows]
-        self.kv_row = {layer: row for row, layer in enumerate(kv_layers)}
+        shapes = shapes if shapes is not None else [(n_kv_heads, head_dim)] * n_layers
+        assert len(shapes) == n_layers, "one shape (or None) per layer"
+        self.n_layers, self.n_kv_heads, self.head_dim, self.dtype = n_layers, n_kv_heads, head_dim, dtype
+        self.state_layers = tuple(state_layers)
         self.states: dict[tuple[int, str], torch.Tensor] = {}  # (layer, name) -> (batch, ...), made on first use
-        shape = (len(kv_layers), batch, n_kv_heads, max_len, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.windows = {layer: w for layer, w in (windows or {}).items() if shapes[layer] is not None}
+        self.window_keys: dict[tuple[int, tuple[int, int]], WindowKeys] = {}
+        for key in dict.fromkeys((w, shapes[layer]) for layer, w in sorted(self.windows.items())):
+            members = [layer for layer, w in sorted(self.windows.items()) if (w, shapes[layer]) == key]
+            self.window_keys[key] = WindowKeys(key[0], members, batch, key[1][0],
+                                               min(max_len, key[0] + WINDOW_SLACK + WINDOW_CHUNK), key[1][1], dtype,
+                                               device)
+        self.shapes = list(shapes)
+        shapes = [None if i in self.state_layers or i in self.windows else s for i, s in enumerate(shapes)]
+        self.groups: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.slots_of: list[tuple[int, int] | None] = [None] * n_layers  # layer -> (group, its row there)
+        for shape in dict.fromkeys(s for s in shapes if s is not None):
+            members = [i for i, s in enumerate(shapes) if s == shape]
+            size = (len(members), batch, shape[0], max_len, shape[1])
+            k = torch.zeros(size, dtype=dtype, device=device)
+            v = torch.zeros(size, dtype=dtype, device=device)
+            self.groups.append((k, v))
+            for j, layer in enumerate(members):
+                self.slots_of[layer] = (len(self.groups) - 1, j)
+        self.uniform = len(self.groups) == 1 and None not in self.shapes
         self.pos = torch.full((batch, max_len), -1, dtype=torch.long, device=device)
         self.max_len = max_len
         self.offset = 0  # slots in use
@@ -99,12 +77,12 @@ class KVCache:
         max_len = max_len or config.max_position_embeddings
         windows = {i: config.sliding_window for i, kind in enumerate(config.layer_types)
                    if kind == "sliding_attention"} if windowed else None
-        return cls(config.num_hidden_layers, batch, config.num_key_value_heads, max_len,
-                   config.head_dim, storage_dtype(dtype, device), device, config.recurrent_layers, windows)
+        return cls(config.num_hidden_layers, batch, config.num_key_value_heads, max_len, config.head_dim,
+                   storage_dtype(dtype, device), device, config.cache_shapes(), config.recurrent_layers, windows)
 
     def key_start(self, window: int | None) -> int:
         """The first slot the current call's keys start at for layers of this window (0: all)."""
-        group = self.window_keys.get(window)
+        group = next((g for (w, _), g in self.window_keys.items() if w == window), None)
         return 0 if group is None else group.lo
 
     def held_bytes(self) -> dict[str, int]:
@@ -113,9 +91,34 @@ class KVCache:
         def size(t: torch.Tensor) -> int:
             return t.numel() * t.element_size()
 
-        return {"full": size(self.k) + size(self.v),
+        return {"full": sum(size(k) + size(v) for k, v in self.groups),
                 "sliding": sum(size(g.k) + size(g.v) for g in self.window_keys.values()),
                 "recurrent": self.state_bytes()}
+
+    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A layer's keys and values (B, n_kv, max_len, hd), views of its group's buffer, made anew
+        each call (a view kept across calls would outlive a write that needs autograd's bookkeeping)."""
+        group, row = self.slots_of[layer]
+        k, v = self.groups[group]
+        return k[row], v[row]
+
+    @property
+    def k(self) -> torch.Tensor:
+        """Every layer's keys (n_layers, B, n_kv, max_len, hd), where all layers store alike."""
+        if not self.uniform:
+            raise ValueError("this cache's layers store keys of several shapes (or none): read groups or layers")
+        return self.groups[0][0]
+
+    @property
+    def v(self) -> torch.Tensor:
+        """Every layer's values, as k."""
+        if not self.uniform:
+            raise ValueError("this cache's layers store values of several shapes (or none): read groups or layers")
+        return self.groups[0][1]
+
+    @property
+    def device(self) -> torch.device:
+        return self.pos.device
 
     @property
     def batch(self) -> int:
@@ -146,11 +149,12 @@ class KVCache:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store this call's k, v (B, n_kv_heads, T, head_dim); return all cached (B, n_kv, S, hd)."""
         if layer in self.windows:
-            return self.window_keys[self.windows[layer]].fetch(layer, self._start, self.offset, k, v)
-        row = self.kv_row[layer]
-        self.k[row, :, :, self._start : self.offset] = k
-        self.v[row, :, :, self._start : self.offset] = v
-        return self.k[row, :, :, : self.offset], self.v[row, :, :, : self.offset]
+            group = self.window_keys[self.windows[layer], self.shapes[layer]]
+            return group.fetch(layer, self._start, self.offset, k, v)
+        keys, values = self.layer(layer)
+        keys[:, :, self._start : self.offset] = k
+        values[:, :, self._start : self.offset] = v
+        return keys[:, :, : self.offset], values[:, :, : self.offset]
 
     def state(self, layer: int, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """Recurrent layer `layer`'s state `name`, (batch, *shape): zeros until the layer first
@@ -168,7 +172,8 @@ class KVCache:
 
     def truncate(self, length: int) -> None:
         """Forget every slot from `length` on (to branch generation from an earlier token). With
-        recurrent states, only to 0 (they start again) or to where the cache is (StateRollback)."""
+        recurrent states, only to 0 (they start again) or to where the cache is; with window keys,
+        not past those kept (StateRollback)."""
         if not 0 <= length <= self.offset:
             raise ValueError(f"truncate length must be in 0..{self.offset}, got {length}")
         if self.state_layers and 0 < length < self.offset:
@@ -193,23 +198,17 @@ class KVCache:
 
 
 class SlotCache:
-    """Keys and values for up to `slots` independent sequences of different lengths, for
-    continuous batching. Running sequences always occupy slots 0..running-1 (a finished one is
-    replaced by the last), so a decode step over all of them works on views, never gathers.
-
-    row(i) is a one-sequence cache over slot i (for a prefill); running_view() is the batch of
-    every running sequence, one new token each.
-
-    running_view(pad_to) can pad the batch with free slots as scratch rows: CPU matrix kernels
-    pick their code path by the number of rows, and different paths differ in the last bits. With
-    a fixed number of rows (pad_to = slots) a sequence gets bit-identical logits alone or in any
-    batch.
-    """
+    """Keys and values for up to `slots` sequences of different lengths (continuous batching).
+    Running sequences occupy slots 0..running-1 (a finished one is replaced by the last), so a
+    decode step over all of them works on views. row(i): a one-sequence cache over slot i (a
+    prefill); running_view(pad_to): every running sequence, one new token each, padded with free
+    slots as scratch rows up to pad_to (CPU matrix kernels pick their code path by the number of
+    rows: with pad_to = slots a sequence gets bit-identical logits alone or in any batch)."""
 
     def __init__(self, n_layers: int, slots: int, n_kv_heads: int, max_len: int, head_dim: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                 state_layers: Sequence[int] = ()):
-        self.store = KVCache(n_layers, slots, n_kv_heads, max_len, head_dim, dtype, device, state_layers)
+                 shapes: list[tuple[int, int] | None] | None = None, state_layers: Sequence[int] = ()):
+        self.store = KVCache(n_layers, slots, n_kv_heads, max_len, head_dim, dtype, device, shapes, state_layers)
         self.lengths = [0] * slots
         self.running = 0
 
@@ -218,7 +217,7 @@ class SlotCache:
                   device="cpu") -> SlotCache:
         return cls(config.num_hidden_layers, slots, config.num_key_value_heads,
                    max_len or config.max_position_embeddings, config.head_dim, storage_dtype(dtype, device), device,
-                   config.recurrent_layers)
+                   config.cache_shapes(), config.recurrent_layers)
 
     @property
     def slots(self) -> int:
@@ -247,8 +246,9 @@ class SlotCache:
         if slot != last:
             n = self.lengths[last]
             store = self.store
-            store.k[:, slot, :, :n] = store.k[:, last, :, :n]
-            store.v[:, slot, :, :n] = store.v[:, last, :, :n]
+            for k, v in store.groups:
+                k[:, slot, :, :n] = k[:, last, :, :n]
+                v[:, slot, :, :n] = v[:, last, :, :n]
             store.pos[slot] = store.pos[last]
             for state in store.states.values():
                 state[slot] = state[last]
@@ -259,28 +259,32 @@ class SlotCache:
         self.running -= 1
         return moved
 
-    def load(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Start slot's sequence with keys and values computed earlier, k and v (n_layers,
-        n_kv_heads, T, head_dim) at positions 0..T-1 (a reused prompt prefix); a row() prefill
-        then continues at position T."""
-        n = k.shape[2]
+    def load(self, slot: int, groups: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Start slot's sequence with keys and values computed earlier at positions 0..T-1 (a
+        reused prompt prefix), one (k, v) per group of the store, each (layers in the group,
+        n_kv_heads, T, head_dim), as keys_values gives them; a row() prefill then continues at
+        position T."""
         if self.store.state_layers:
             raise StateRollback("a sequence of a model with recurrent layers cannot start from stored keys and "
                                 "values: its layers' states are not among them")
+        n = groups[0][0].shape[2]
         if n > self.max_len:
             raise ContextFull(f"context window full: {n} tokens > {self.max_len}")
         store = self.store
-        store.k[:, slot, :, :n] = k
-        store.v[:, slot, :, :n] = v
+        for (k, v), (keys, values) in zip(groups, store.groups, strict=True):
+            keys[:, slot, :, :n] = k
+            values[:, slot, :, :n] = v
         store.pos[slot] = -1
         store.pos[slot, :n] = torch.arange(n, device=store.pos.device)
         self.lengths[slot] = n
 
-    def keys_values(self, slot: int, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Views of slot's keys and values at positions start..end-1, (n_layers, n_kv_heads, end - start, head_dim)."""
+    def keys_values(self, slot: int, start: int, end: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Views of slot's keys and values at positions start..end-1, one (k, v) per group of the
+        store, each (layers in the group, n_kv_heads, end - start, head_dim): one for every family
+        but Gemma 4, whose layers store keys of two shapes."""
         if not 0 <= start <= end <= self.lengths[slot]:
             raise ValueError(f"slot {slot} holds {self.lengths[slot]} tokens; asked for {start}..{end}")
-        return self.store.k[:, slot, :, start:end], self.store.v[:, slot, :, start:end]
+        return [(k[:, slot, :, start:end], v[:, slot, :, start:end]) for k, v in self.store.groups]
 
     def row(self, slot: int) -> _RowView:
         return _RowView(self, slot)
@@ -315,11 +319,10 @@ class _RowView:
         return self.owner.store.pos[self.slot : self.slot + 1, : start + t]
 
     def update_and_fetch(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        store, s = self.owner.store, self.slot
-        row = store.kv_row[layer]
-        store.k[row, s, :, self._start : self._end] = k[0]
-        store.v[row, s, :, self._start : self._end] = v[0]
-        return store.k[row, s : s + 1, :, : self._end], store.v[row, s : s + 1, :, : self._end]
+        (keys, values), s = self.owner.store.layer(layer), self.slot
+        keys[s, :, self._start : self._end] = k[0]
+        values[s, :, self._start : self._end] = v[0]
+        return keys[s : s + 1, :, : self._end], values[s : s + 1, :, : self._end]
 
     def state(self, layer: int, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """This slot's row of the layer's state (1, *shape), a view: updates land in the store."""
@@ -365,11 +368,10 @@ class _BatchView:
             self.owner.lengths[r] = 0
 
     def update_and_fetch(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        store = self.owner.store
-        row = store.kv_row[layer]
-        store.k[row, self.rows, :, self.ends] = k[:, :, 0].to(store.k.dtype)  # (B, n_kv, hd) at each row's end
-        store.v[row, self.rows, :, self.ends] = v[:, :, 0].to(store.v.dtype)
-        return store.k[row, : self.n, :, : self.width], store.v[row, : self.n, :, : self.width]
+        keys, values = self.owner.store.layer(layer)
+        keys[self.rows, :, self.ends] = k[:, :, 0].to(keys.dtype)  # (B, n_kv, hd) at each row's end
+        values[self.rows, :, self.ends] = v[:, :, 0].to(values.dtype)
+        return keys[: self.n, :, : self.width], values[: self.n, :, : self.width]
 
     def state(self, layer: int, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """The running rows' (and scratch rows') states (n, *shape), a view: slots 0..n-1."""

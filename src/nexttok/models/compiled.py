@@ -85,5 +85,8 @@ def compile_decode(model: nn.Module) -> CompiledDecode:
     if model.config.recurrent_layers:
         raise CompileUnavailable(f"recurrent layers ({model.config.model_type}) update a state the compiled step does "
                                  "not hold: the decode step runs uncompiled")
+    reason = getattr(model, "UNCOMPILED", None)  # an architecture the compiled step cannot run, and why
+    if reason is not None:
+        raise CompileUnavailable(f"{reason}: the decode step runs uncompiled")
     model.compiled = CompiledDecode(next(model.parameters()).device)
     return model.compiled

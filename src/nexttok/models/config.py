@@ -15,23 +15,18 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nexttok.models import rope_params
+from nexttok.models.config_errors import CheckpointError, ConfigError  # noqa: F401 (imported from here elsewhere)
+
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 ROUTERS = ("softmax", "topk_softmax", "sigmoid")  # moe.py: how router logits become k experts and weights
 ACTIVATIONS = ("silu", "swiglu_oai")  # the gated MLPs' (and experts') activation; GPT-2 and Gemma name their own
-
-
-class ConfigError(ValueError):
-    """config.json asks for something missing, malformed or unsupported."""
 
 
 # what a layer does with its context: attend over all of it, over a sliding window of it, or fold it
 # into a state of fixed size (a recurrent layer: LFM2's short convolutions)
 LAYER_TYPES = ("full_attention", "sliding_attention", "conv")
 RECURRENT_TYPES = ("conv",)
-
-
-class CheckpointError(ValueError):
-    """A checkpoint file that is missing, corrupt, or does not fit the model."""
 
 
 @dataclass
@@ -86,6 +81,16 @@ class ModelConfig:
     residual_multiplier: float = 1.0
     attention_multiplier: float | None = None
     logits_scaling: float = 1.0
+    # Gemma 4: per layer head_dim and KV heads ([]: all alike), the last num_kv_shared_layers borrowing
+    # keys and values (kv_source), keys as values on full layers, per-layer input embeddings (0: none),
+    # MLPs twice as wide on the KV-shared layers
+    layer_head_dims: list[int] = field(default_factory=list)
+    layer_kv_heads: list[int] = field(default_factory=list)
+    num_kv_shared_layers: int = 0
+    attention_k_eq_v: bool = False
+    hidden_size_per_layer_input: int = 0
+    vocab_size_per_layer_input: int = 0
+    use_double_wide_mlp: bool = False
     bos_token_id: int | None = None
     eos_token_id: list[int] = field(default_factory=list)
     torch_dtype: str | None = None
@@ -143,6 +148,7 @@ class ModelConfig:
                 raise ConfigError(f"{name} must be a positive number, got {value!r}")
         self._validate_rotary()
         self._validate_experts()
+        self._validate_layer_shapes()
 
     def _validate_rotary(self) -> None:
         if not (0 < self.partial_rotary_factor <= 1) or self.rotary_dim % 2 or not self.rotary_dim:
@@ -176,6 +182,44 @@ class ModelConfig:
         if groups > 1 and e // groups < 2:
             raise ConfigError(f"n_group ({groups}) leaves fewer than 2 experts per group (a group's score is "
                               "its best two)")
+
+    def _validate_layer_shapes(self) -> None:
+        n = self.num_hidden_layers
+        heads = self.num_attention_heads
+        for name, fits, what in (("layer_head_dims", lambda v: v % 2 == 0, "even (RoPE)"),
+                                 ("layer_kv_heads", lambda v: heads % v == 0, f"dividing the {heads} heads")):
+            values = getattr(self, name)
+            if values and (len(values) != n or not all(type(v) is int and v > 0 and fits(v) for v in values)):
+                raise ConfigError(f"{name} must be positive integers {what}, one per layer ({n}), got {values!r}")
+        shared = self.num_kv_shared_layers
+        if type(shared) is not int or not 0 <= shared < n:
+            raise ConfigError(f"num_kv_shared_layers must be an integer in 0..{n - 1}, got {shared!r}")
+        if shared and not set(self.layer_types[n - shared :]) <= set(self.layer_types[: n - shared]):
+            raise ConfigError("num_kv_shared_layers: a KV-shared layer's kind (layer_types) has no earlier layer of "
+                              "that kind to take keys and values from")
+        for name in ("hidden_size_per_layer_input", "vocab_size_per_layer_input"):
+            if type(getattr(self, name)) is not int or getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be a non-negative integer, got {getattr(self, name)!r}")
+
+    def kv_shape(self, layer: int) -> tuple[int, int]:
+        """(KV heads, head_dim) of a layer's keys and values (and of its query heads' head_dim)."""
+        heads = self.layer_kv_heads[layer] if self.layer_kv_heads else self.num_key_value_heads
+        return heads, self.layer_head_dims[layer] if self.layer_head_dims else self.head_dim
+
+    def kv_source(self, layer: int) -> int:
+        """The layer whose keys and values `layer` attends over: itself, but for the last
+        num_kv_shared_layers, which take those of the last layer of their kind before them.
+
+        With layer_types [sliding, full, sliding, full] and num_kv_shared_layers 2: [0, 1, 0, 1]."""
+        first_shared = self.num_hidden_layers - self.num_kv_shared_layers
+        if layer < first_shared:
+            return layer
+        kind = self.layer_types[layer]
+        return max(i for i in range(first_shared) if self.layer_types[i] == kind)
+
+    def cache_shapes(self) -> list[tuple[int, int] | None]:
+        """What a KV cache holds per layer: (KV heads, head_dim), or None (it borrows: kv_source)."""
+        return [self.kv_shape(i) if self.kv_source(i) == i else None for i in range(self.num_hidden_layers)]
 
     @property
     def rotary_dim(self) -> int:
@@ -270,57 +314,14 @@ def rope_scaling(params: dict, kinds: tuple[str, ...], hf: dict) -> tuple[float,
         raise ConfigError(f"rope_type {kind!r} is not supported (supported: {', '.join(kinds)})")
     if kind == "default":
         return theta, None
-    if kind == "longrope":
-        return theta, _longrope(params, hf)
-    if kind == "yarn":
-        return theta, _yarn(params, hf)
+    if kind in ("longrope", "yarn"):
+        return theta, getattr(rope_params, kind)(params, hf)
     needed = ("factor",) if kind == "linear" else (
         "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
     missing = [k for k in needed if not isinstance(params.get(k), (int, float))]
     if missing:
         raise ConfigError(f"rope_type {kind!r} needs numeric {', '.join(missing)}")
     return theta, {"rope_type": kind, **{k: float(params[k]) for k in needed}}
-
-
-def _yarn(params: dict, hf: dict) -> dict:
-    """YaRN (gpt-oss, Qwen3 long context): as HF's _compute_yarn_parameters reads it. factor may be
-    left out (then max_position_embeddings / original_max_position_embeddings); attention_factor
-    too (then from factor, or mscale / mscale_all_dim); beta_fast 32 and beta_slow 1 by default."""
-    original = params.get("original_max_position_embeddings", hf.get("original_max_position_embeddings"))
-    if type(original) is not int or original <= 0:
-        raise ConfigError(f"rope_type 'yarn' needs original_max_position_embeddings, a positive integer, "
-                          f"got {original!r}")
-    out = {"rope_type": "yarn", "original_max_position_embeddings": original,
-           "truncate": bool(params.get("truncate", True))}
-    for name, default in (("factor", None), ("attention_factor", None), ("beta_fast", 32.0), ("beta_slow", 1.0),
-                          ("mscale", None), ("mscale_all_dim", None)):
-        value = params.get(name) or default
-        if value is not None and not (isinstance(value, (int, float)) and 0 < value < math.inf):
-            raise ConfigError(f"rope {name} must be a positive number, got {value!r}")
-        out[name] = None if value is None else float(value)
-    if out["factor"] is None:
-        out["factor"] = hf.get("max_position_embeddings", original) / original
-    return out
-
-
-def _longrope(params: dict, hf: dict) -> dict:
-    """LongRoPE (Phi-3): per-dimension divisors of the frequencies, short_factor up to the
-    original context and long_factor past it. The top-level original_max_position_embeddings
-    wins over the parameters' own, as in HF's Phi3Config (default 4096)."""
-    for name in ("short_factor", "long_factor"):
-        value = params.get(name)
-        if not (isinstance(value, list) and value and all(isinstance(x, (int, float)) and x > 0 for x in value)):
-            raise ConfigError(f"rope_type 'longrope' needs {name}: a list of positive numbers")
-    original = hf.get("original_max_position_embeddings", params.get("original_max_position_embeddings", 4096))
-    if type(original) is not int or original <= 0:
-        raise ConfigError(f"original_max_position_embeddings must be a positive integer, got {original!r}")
-    for name in ("factor", "attention_factor"):  # optional; phi3.py derives them when absent
-        if params.get(name) is not None and not (isinstance(params[name], (int, float)) and params[name] > 0):
-            raise ConfigError(f"rope {name} must be a positive number, got {params[name]!r}")
-    return {"rope_type": "longrope", "short_factor": [float(x) for x in params["short_factor"]],
-            "long_factor": [float(x) for x in params["long_factor"]],
-            "original_max_position_embeddings": original,
-            "factor": params.get("factor"), "attention_factor": params.get("attention_factor")}
 
 
 def layer_type_rope(hf: dict, kinds: tuple[str, ...], theta: float, local_theta: float

@@ -8,6 +8,8 @@ An architecture is its differences, filled in on a Decoder subclass:
     window_of     which of them one block uses
     inputs        token embeddings, plus a position table where positions are learned (GPT-2)
     rotations     what every block takes besides x (RoPE's cos and sin; nothing for GPT-2)
+    side_inputs   what else every block takes, made from this call's ids and embeddings (Gemma 4's
+                  per-layer inputs, and the keys and values its KV-shared layers borrow)
     head          final norm, lm_head, and any soft cap
 
 The compiled decode step (compiled.py) runs the same blocks with the same extras.
@@ -50,6 +52,10 @@ class Decoder(nn.Module):
     def rotations(self, q_pos: torch.Tensor, dtype: torch.dtype) -> tuple:
         return ()
 
+    def side_inputs(self, ids: torch.Tensor, x: torch.Tensor) -> tuple:
+        """What every block takes after the rotations, for this call (nothing but for Gemma 4)."""
+        return ()
+
     def head(self, x: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.final_norm(x))
 
@@ -76,7 +82,7 @@ class Decoder(nn.Module):
         if self.config.recurrent_layers:  # a recurrent layer must not take padding into its state
             masks[TOKENS] = q_pos >= 0
         x = self.inputs(ids, q_pos)
-        extra = self.rotations(q_pos, x.dtype)
+        extra = (*self.rotations(q_pos, x.dtype), *self.side_inputs(ids, x))
         if self.compiled is not None and self.compiled.takes(ids, cache, capture):
             block_masks = [masks[self.window_of(block)] for block in self.blocks]
             return self.compiled.run(self.blocks, x, extra, block_masks, cache)

@@ -69,13 +69,13 @@ class Attention(qwen3.Attention):
 
 
 class MLP(nn.Module):
-    """GeGLU: down(gelu_tanh(gate(x)) * up(x))."""
+    """GeGLU: down(gelu_tanh(gate(x)) * up(x)). inner: its width (default intermediate_size)."""
 
     PARALLEL_INNER = ("gate_up_proj", "down_proj")  # tensor parallelism: the inner width split over ranks
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, inner: int | None = None):
         super().__init__()
-        hidden, inner = config.hidden_size, config.intermediate_size
+        hidden, inner = config.hidden_size, inner or config.intermediate_size
         self.gate_up_proj = FusedLinear(hidden, {"gate_proj": inner, "up_proj": inner}, False)
         self.down_proj = nn.Linear(inner, hidden, bias=False)
 

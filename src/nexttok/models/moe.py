@@ -103,7 +103,15 @@ def activation(config: ModelConfig):
             return gate * torch.sigmoid(gate * alpha) * (up + 1)
 
         return clamped_swiglu
+    if config.hidden_act == "gelu_pytorch_tanh":
+        return geglu
     return swiglu
+
+
+def geglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """gelu_tanh(gate) * up for gate_up = [gate | up] (Gemma 4's experts)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
 
 
 class Experts(nn.Module):

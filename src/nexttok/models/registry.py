@@ -28,6 +28,7 @@ from torch import nn
 from nexttok.models import (
     exaone4,
     gemma3,
+    gemma4,
     glm4_moe,
     gpt2,
     gpt_oss,
@@ -46,8 +47,8 @@ from nexttok.models import (
 from nexttok.models.architecture import Architecture
 from nexttok.models.config import ConfigError, ModelConfig, eos_token_ids, optional_int
 
-FAMILIES = (gpt2, llama, qwen3, phi3, gemma3, smollm3, olmo2, granite, exaone4, lfm2, qwen_moe, mixtral, olmoe,
-            gpt_oss, glm4_moe, granitemoe)
+FAMILIES = (gpt2, llama, qwen3, phi3, gemma3, gemma4, smollm3, olmo2, granite, exaone4, lfm2, qwen_moe, mixtral,
+            olmoe, gpt_oss, glm4_moe, granitemoe)
 ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for family in FAMILIES for a in family.ARCHITECTURES}
 # the first family of each GGUF architecture reads its files (llama's config function says "mixtral"
 # where a llama file has experts)
@@ -81,6 +82,8 @@ def from_hf_config(hf: dict) -> ModelConfig:
         raise ConfigError(f"config must be a JSON object, got {type(hf).__name__}")
     model_type = hf.get("model_type")
     entry = architecture(model_type)
+    if entry.text_config:
+        hf = text_config(hf)
     try:
         return ModelConfig(model_type=model_type, bos_token_id=optional_int(hf, "bos_token_id"),
                            eos_token_id=eos_token_ids(hf.get("eos_token_id")),
@@ -89,6 +92,21 @@ def from_hf_config(hf: dict) -> ModelConfig:
         raise ConfigError(f"config.json for {model_type} is missing {e.args[0]!r}") from None
     except TypeError as e:
         raise ConfigError(f"config.json for {model_type} has a value of the wrong type: {e}") from None
+
+
+TOP_LEVEL = ("bos_token_id", "eos_token_id", "torch_dtype", "dtype")  # a multimodal config's own, where set
+
+
+def text_config(hf: dict) -> dict:
+    """The text model's config of a multimodal config.json: its text_config, with the top level's
+    token ids and dtype where the top level sets them.
+
+    text_config({"text_config": {"hidden_size": 8, "eos_token_id": 1}, "eos_token_id": [1, 106]})
+    == {"hidden_size": 8, "eos_token_id": [1, 106]}"""
+    nested = hf.get("text_config")
+    if not isinstance(nested, dict):
+        raise ConfigError(f"config.json for {hf.get('model_type')} has no text_config object (the text model's config)")
+    return {**nested, **{key: hf[key] for key in TOP_LEVEL if hf.get(key) is not None}}
 
 
 def read_config(directory: Path) -> ModelConfig:

@@ -1,5 +1,10 @@
-"""The keys and values of sliding-window layers as a windowed KVCache keeps them (cache.py): only the
-last window of slots, plus room, in a buffer whose start moves up as it fills."""
+"""The keys and values of sliding-window layers as a windowed KVCache keeps them (cache.py).
+
+A sliding-window layer reads only the last `window` keys, so generation's cache keeps only those,
+plus WINDOW_SLACK and a prefill chunk's room: in a buffer of their own, in order, whose start
+(`base`, a slot) moves up when it fills (the last window - 1 + WINDOW_SLACK keys moved to its
+front: one copy per chunk of tokens). Gemma 3's local layers (window 512) then hold 672 slots at
+any context instead of 32,768. Truncating back past what the buffer kept is a StateRollback."""
 
 from __future__ import annotations
 

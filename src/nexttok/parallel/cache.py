@@ -69,7 +69,7 @@ class CacheLog:
         return ops
 
     def call(self, proxy: Mirrored, name: str, method, args: tuple, kwargs: dict):
-        if any(isinstance(a, torch.Tensor) for a in (*args, *kwargs.values())):
+        if _holds_tensor((*args, *kwargs.values())):
             raise ValueError(f"cache.{name}() with tensors cannot be replayed on the other tensor-parallel ranks "
                              "(rank 0's keys and values hold only its own KV heads)")
         result = method(*args, **kwargs)
@@ -147,11 +147,17 @@ class Replicas:
         self.caches.pop(key, None)
 
 
+def _holds_tensor(value) -> bool:
+    """A tensor, or a list / tuple with one somewhere inside (SlotCache.load's groups of keys and values)."""
+    if isinstance(value, (list, tuple)):
+        return any(_holds_tensor(v) for v in value)
+    return isinstance(value, torch.Tensor)
+
+
 def _spec(cache: SlotCache | KVCache) -> tuple:
     """What a replica is built from: kind, layers, rows (batch or slots), max_len, head_dim, dtype, and
     the layers whose keys are kept for their window only (a forward pass moves each replica's window
     buffers as rank 0's)."""
     store = cache.store if isinstance(cache, SlotCache) else cache
-    _, rows, _, max_len, head_dim = store.k.shape
-    return ("slots" if isinstance(cache, SlotCache) else "kv", store.n_layers, rows, max_len, head_dim, store.k.dtype,
-            store.windows)
+    return ("slots" if isinstance(cache, SlotCache) else "kv", store.n_layers, store.batch, store.max_len,
+            store.head_dim, store.dtype, store.windows)

@@ -64,6 +64,9 @@ def head_split(n_head: int, n_kv: int, rank: int, world: int) -> Heads:
     return Heads(range(start, start + per), range(kv, kv + 1))
 
 
+UNSPLIT = ("gemma4_text", "gemma4")  # architectures tensor parallelism does not split yet
+
+
 def check_world(config, world: int) -> None:
     """Raise (one line naming --tensor-parallel) unless a model of this config splits over `world`
     ranks: its heads (head_split), its MLP's inner width and its vocabulary (split). Checked before
@@ -74,6 +77,10 @@ def check_world(config, world: int) -> None:
     if world > 1 and config.recurrent_layers:
         raise ValueError(f"--tensor-parallel {world}: recurrent layers ({config.model_type}) are not split over ranks "
                          "yet; run it on one (--tensor-parallel 1)")
+    if world > 1 and config.model_type in UNSPLIT:
+        raise ValueError(f"--tensor-parallel {world}: {config.model_type}'s attention (layers of several head sizes, "
+                         "KV-shared layers, per-layer inputs) is not split over ranks yet; run it on one "
+                         "(--tensor-parallel 1)")
     n_head, n_kv = config.num_attention_heads, config.num_key_value_heads
     if not _heads_split(n_head, n_kv, world):
         fits = [n for n in range(1, n_head + 1) if _heads_split(n_head, n_kv, n)]

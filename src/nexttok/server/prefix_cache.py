@@ -85,12 +85,11 @@ class PrefixCache:
     def __init__(self, cache: SlotCache, capacity_tokens: int, metrics: Metrics | None = None, block: int = BLOCK):
         self.block = block
         self.capacity = capacity_tokens // block
-        n_layers, _, n_kv, _, head_dim = cache.store.k.shape
-        shape = (n_layers, n_kv, self.capacity, block, head_dim)  # a block's rows are contiguous, as in a slot
-        store = cache.store.k
+        # one pool per group of the cache's layers (layers storing keys of one shape: one group but
+        # for Gemma 4), each (layers, n_kv, capacity, block, hd): a block's rows are contiguous, as in a slot.
         # empty, not zeros: a block is always written before it is read, and untouched pages cost nothing
-        self.k = torch.empty(shape, dtype=store.dtype, device=store.device)
-        self.v = torch.empty(shape, dtype=store.dtype, device=store.device)
+        self.pools = [tuple(torch.empty((k.shape[0], k.shape[2], self.capacity, block, k.shape[4]), dtype=k.dtype,
+                                        device=k.device) for _ in range(2)) for k, _ in cache.store.groups]
         self._blocks: dict[tuple[int, tuple[int, ...]], _Block] = {}
         self._lru: OrderedDict[int, _Block] = OrderedDict()  # by id, least recently used first
         self._free = list(range(self.capacity - 1, -1, -1))
@@ -122,12 +121,9 @@ class PrefixCache:
         chain = self.match(ids)
         reused = len(chain) * self.block
         if chain:
-            index = torch.tensor([b.index for b in chain], device=self.k.device)
-            n_layers, n_kv, _, _, head_dim = self.k.shape
-            # (n_layers, n_kv, blocks, block, hd) -> (n_layers, n_kv, reused, hd): the slot's layout
-            k = self.k.index_select(2, index).view(n_layers, n_kv, reused, head_dim)
-            v = self.v.index_select(2, index).view(n_layers, n_kv, reused, head_dim)
-            cache.load(slot, k, v)
+            index = torch.tensor([b.index for b in chain], device=self.pools[0][0].device)
+            # (layers, n_kv, blocks, block, hd) -> (layers, n_kv, reused, hd): the slot's layout
+            cache.load(slot, [tuple(pool.index_select(2, index).flatten(2, 3) for pool in pair) for pair in self.pools])
         metrics = self.metrics
         metrics.inc("prefix_cache_queries_total")
         metrics.inc("prefix_cache_hits_total", int(reused > 0))
@@ -153,9 +149,9 @@ class PrefixCache:
         if not self._free and not self._evict(protect=key[0]):
             return None
         index = self._free.pop()
-        k, v = cache.keys_values(slot, start, start + self.block)
-        self.k[:, :, index] = k
-        self.v[:, :, index] = v
+        for (k, v), (keys, values) in zip(cache.keys_values(slot, start, start + self.block), self.pools, strict=True):
+            keys[:, :, index] = k
+            values[:, :, index] = v
         block = _Block(next(self._ids), key, index)
         self._blocks[key] = block
         self._lru[block.id] = block
