@@ -255,3 +255,43 @@ def test_an_empty_stop_string_is_refused_before_the_model_loads(capsys, monkeypa
     monkeypatch.setattr(common, "load", lambda *a: pytest.fail("the model was loaded first"))
     assert _cli_error([command, "default", "x", "--stop", "\n", "--stop", ""], capsys) == \
         'error: --stop "": a stop string must not be empty'
+
+
+# --- hostile request bodies (issue 36) ----------------------------------------------------------
+
+def _raw_post(server, path: str, body: bytes):
+    import httpx
+
+    return httpx.post(server.url + path, content=body, headers={"Content-Type": "application/json"}, timeout=60)
+
+
+LONE = '"\\ud800"'  # JSON text: the escape of half a UTF-16 pair, which Python's json reads as is
+SURROGATE_BODIES = [
+    ("/v1/chat/completions", f'{{"model": "tiny", "messages": [{{"role": "user", "content": {LONE}}}], '
+                             '"max_tokens": 2}', "messages", "messages[0].content"),
+    ("/v1/chat/completions", f'{{"model": "tiny", "messages": [{{"role": "user", "content": "hi"}}], '
+                             f'"stream": true, "stop": ["a", {LONE}]}}', "stop", "stop[1]"),
+    ("/v1/completions", f'{{"model": "tiny", "prompt": {LONE}, "max_tokens": 2}}', "prompt", "prompt"),
+    ("/v1/responses", f'{{"model": "tiny", "input": {LONE}}}', "input", "input"),
+    ("/v1/embeddings", f'{{"model": "tiny", "input": ["ok", {LONE}]}}', "input", "input[1]"),
+    ("/tokenize", f'{{"model": "tiny", "prompt": {LONE}}}', "prompt", "prompt"),
+    ("/explain/tokens", f'{{"model": "tiny", "text": {LONE}}}', "text", "text"),
+    ("/explain/sessions", f'{{"model": "tiny", "prompt": {LONE}}}', "prompt", "prompt"),
+    ("/explain/sessions/nokey/step", f'{{"temperature": 0, {LONE}: 1}}', "\\ud800", "\\ud800"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param", "where"), SURROGATE_BODIES)
+def test_a_lone_surrogate_in_a_json_body_is_a_400_naming_where(server, path, body, param, where):
+    response = _raw_post(server, path, body.encode("ascii"))
+    assert response.status_code == 400, response.text
+    assert response.json()["error"] == {
+        "message": f"{where}: text contains a lone surrogate '\\ud800' (half of a UTF-16 pair): it is not valid Unicode",
+        "type": "invalid_request_error", "param": param, "code": "invalid_unicode"}
+
+
+def test_a_surrogate_pair_in_a_json_body_is_still_text(tiny_live):
+    server, served = tiny_live
+    response = _raw_post(server, "/tokenize", b'{"model": "tiny", "prompt": "\\ud83d\\ude00 \\\\ud800"}')
+    assert response.status_code == 200, response.text
+    assert response.json()["tokens"] == served.tokenizer.encode("\U0001F600 \\ud800")
