@@ -295,3 +295,86 @@ def test_a_surrogate_pair_in_a_json_body_is_still_text(tiny_live):
     response = _raw_post(server, "/tokenize", b'{"model": "tiny", "prompt": "\\ud83d\\ude00 \\\\ud800"}')
     assert response.status_code == 200, response.text
     assert response.json()["tokens"] == served.tokenizer.encode("\U0001F600 \\ud800")
+
+
+# --- schemas nested thousands of levels deep (issue 36) -----------------------------------------
+
+def _nested_schema(levels: int) -> str:
+    """A schema as JSON text whose objects nest `levels` deep (objects' properties in each
+    other), written without recursion."""
+    wraps = (levels - 1) // 2
+    inner = '{"type": "object"}' if levels % 2 else '{"type": "object", "properties": {}}'
+    return '{"type": "object", "properties": {"a": ' * wraps + inner + "}}" * wraps
+
+
+def test_schema_depth_is_counted_without_recursion():
+    from nexttok.generation.grammar import json_depth
+
+    assert json_depth({"a": [1, {}]}) == 3 and json_depth("x") == 0 and json_depth([]) == 1
+    assert [json_depth(json.loads(_nested_schema(n))) for n in (1, 2, 100, 101)] == [1, 2, 100, 101]
+    deep: list = []
+    for _ in range(50_000):  # past Python's recursion limit
+        deep = [deep]
+    assert json_depth(deep) == 50_001 and json_depth(deep, limit=10) == 11
+
+
+@pytest.mark.parametrize("levels", [101, 5001])
+def test_run_refuses_a_schema_nested_past_the_limit_before_loading(tmp_path, capsys, monkeypatch, levels):
+    from nexttok.cli import common
+
+    monkeypatch.setattr(common, "load_checkpoint", lambda *a: pytest.fail("the model was loaded first"))
+    path = tmp_path / "deep.json"
+    path.write_text(_nested_schema(levels))
+    assert _cli_error(["run", "x", "--json-schema", str(path)], capsys) == (
+        f"error: --json-schema {path}: the schema is nested more than 100 levels deep (objects and arrays); "
+        "the limit is 100")
+
+
+def test_the_library_names_the_engines_nesting_limit(tiny_live):
+    from nexttok.errors import InvalidParameter
+    from nexttok.generation.grammar import Constraint
+
+    _, served = tiny_live
+    vocab, stops = served.model.config.vocab_size, served.model.config.eos_token_id
+    Constraint.json_schema(served.tokenizer, vocab, json.loads(_nested_schema(124)), stops)  # compiles
+    with pytest.raises(InvalidParameter, match=r"^the JSON schema is nested more than 124 levels deep "
+                                               r"\(objects and arrays\); the limit is 124$") as caught:
+        Constraint.json_schema(served.tokenizer, vocab, json.loads(_nested_schema(125)), stops)
+    assert caught.value.param == "response_format"
+
+
+def _chat_body(**extra) -> dict:
+    return {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1, **extra}
+
+
+def _tool(schema: str) -> str:
+    """Two tools (the reply schema's deepest form) with these parameters."""
+    return "[" + ", ".join(f'{{"type": "function", "function": {{"name": "{name}", "parameters": {schema}}}}}'
+                           for name in "fg") + "]"
+
+
+def _format(schema: str) -> str:
+    return f'{{"type": "json_schema", "json_schema": {{"name": "x", "schema": {schema}}}}}'
+
+
+def _with(body: dict, field: str, raw: str) -> bytes:
+    return json.dumps(body)[:-1].encode() + f', "{field}": {raw}}}'.encode()
+
+
+@pytest.mark.parametrize(("path", "field", "wrap", "param", "named"), [
+    ("/v1/chat/completions", "response_format", _format, "response_format", "response_format.json_schema.schema"),
+    ("/v1/chat/completions", "tools", _tool, "tools[0]", "tools[0].function.parameters"),
+    ("/v1/responses", "text", lambda s: f'{{"format": {{"type": "json_schema", "name": "x", "schema": {s}}}}}',
+     "text", "text.format.schema"),
+])
+def test_the_server_refuses_a_schema_nested_past_the_limit(server, path, field, wrap, param, named):
+    body = _chat_body() if path != "/v1/responses" else {"model": "tiny", "input": "x", "max_output_tokens": 16}
+    assert _raw_post(server, path, _with(body, field, wrap(_nested_schema(100)))).status_code == 200
+    response = _raw_post(server, path, _with(body, field, wrap(_nested_schema(101))))
+    assert response.status_code == 400 and response.json()["error"]["param"] == param
+    assert response.json()["error"]["message"] == (f"{named} is nested more than 100 levels deep (objects and "
+                                                   "arrays); the limit is 100")
+    response = _raw_post(server, path, _with(body, field, wrap(_nested_schema(5001))))
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["message"] == ("request body is nested too deeply to read (a JSON schema "
+                                                   "in it may nest 100 levels)")

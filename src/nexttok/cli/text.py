@@ -194,12 +194,16 @@ def _print_steps(args: argparse.Namespace, steps, trace) -> tuple[int, str | Non
 
 def _output_schema(args: argparse.Namespace) -> dict | None:
     """The JSON schema the output must follow: --json-schema FILE, --format json (any object), or None."""
+    from nexttok.generation.grammar import MAX_SCHEMA_DEPTH, json_depth
+
     if args.json_schema and args.format:
         raise ValueError("give --json-schema or --format, not both")
     if args.format:
         return {"type": "object"}
     if not args.json_schema:
         return None
+    too_deep = ValueError(f"--json-schema {args.json_schema}: the schema is nested more than {MAX_SCHEMA_DEPTH} "
+                          f"levels deep (objects and arrays); the limit is {MAX_SCHEMA_DEPTH}")
     try:
         with open(args.json_schema, encoding="utf-8") as f:
             schema = json.load(f)
@@ -207,8 +211,12 @@ def _output_schema(args: argparse.Namespace) -> dict | None:
         raise ValueError(f"--json-schema {args.json_schema}: cannot read it ({e.strerror})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"--json-schema {args.json_schema}: not valid JSON ({e})") from None
+    except RecursionError:  # nested deeper than Python's reader goes: far past the limit
+        raise too_deep from None
     if not isinstance(schema, dict):
         raise ValueError(f"--json-schema {args.json_schema}: a JSON schema must be an object")
+    if json_depth(schema, MAX_SCHEMA_DEPTH) > MAX_SCHEMA_DEPTH:
+        raise too_deep
     return schema
 
 
