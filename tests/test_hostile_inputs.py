@@ -378,3 +378,28 @@ def test_the_server_refuses_a_schema_nested_past_the_limit(server, path, field, 
     assert response.status_code == 400, response.text
     assert response.json()["error"]["message"] == ("request body is nested too deeply to read (a JSON schema "
                                                    "in it may nest 100 levels)")
+
+
+# --- a draft longer than a round can use (issue 36) ----------------------------------------------
+
+@pytest.mark.parametrize("k", ["100000", "0", "-3"])
+def test_draft_tokens_outside_its_bound_is_refused_before_loading(capsys, monkeypatch, k):
+    from nexttok.cli import common
+
+    monkeypatch.setattr(common, "load_checkpoint", lambda *a: pytest.fail("the model was loaded first"))
+    assert _cli_error(["run", "x", "--speculative", "ngram", "--draft-tokens", k], capsys) == \
+        f"error: --draft-tokens must be an integer in [1, 16], got {k}"
+
+
+@pytest.mark.parametrize("k", [100_000, 0, 2.5, True])
+def test_the_librarys_draft_tokens_is_bounded_too(tiny_live, k):
+    from nexttok.errors import InvalidParameter
+    from nexttok.generation.sampling import SamplingParams
+    from nexttok.generation.speculative import NgramDrafter, speculative_stream
+
+    _, served = tiny_live
+    steps = speculative_stream(served.model, served.tokenizer, "a b a b", SamplingParams(), NgramDrafter(), k=k)
+    with pytest.raises(InvalidParameter, match=rf"^draft_tokens must be an integer in \[1, 16\], got {k!r}$"):
+        next(steps)
+    assert len(list(speculative_stream(served.model, served.tokenizer, "a b a b", SamplingParams(temperature=0),
+                                       NgramDrafter(), k=16, max_tokens=3))) == 3

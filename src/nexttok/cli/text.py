@@ -12,6 +12,7 @@ from rich.table import Table
 
 from nexttok.checkpoints.sources import load_tokenizer
 from nexttok.cli import common, traces
+from nexttok.generation.parameters import DRAFT_TOKENS_BOUND
 from nexttok.tokenizers.tokenizer import Piece
 
 
@@ -64,6 +65,7 @@ def cmd_run(args: argparse.Namespace, out: Console) -> int:
     schema = _output_schema(args)
     if args.speculative and args.no_cache:
         raise ValueError("--speculative verifies drafts through the KV cache: drop --no-cache")
+    _check_draft_tokens(args)
     checkpoint = common.load_checkpoint(name, args)
     model, tokenizer = checkpoint.model, checkpoint.tokenizer
     ids = _prompt_ids(model, tokenizer, prompt)
@@ -139,14 +141,18 @@ def _constraint(args: argparse.Namespace, checkpoint, schema: dict | None):
                                   "--json-schema" if args.json_schema else "--format")
 
 
+def _check_draft_tokens(args: argparse.Namespace) -> None:
+    """--draft-tokens within its bound, checked before the model loads."""
+    if not DRAFT_TOKENS_BOUND.allows(args.draft_tokens):
+        raise ValueError(f"--draft-tokens must be {DRAFT_TOKENS_BOUND.allowed()}, got {args.draft_tokens}")
+
+
 def _drafter(args: argparse.Namespace, checkpoint):
     """--speculative ngram (prompt lookup) or a draft model of the same tokenizer; None without it."""
     if not args.speculative:
         return None
     from nexttok.generation.speculative import ModelDrafter, NgramDrafter
 
-    if args.draft_tokens < 1:
-        raise ValueError(f"--draft-tokens must be >= 1, got {args.draft_tokens}")
     if args.speculative == "ngram":
         return NgramDrafter()
     draft = common.load_checkpoint(args.speculative, argparse.Namespace(**{**vars(args), "tensor_parallel": 1}))
@@ -241,8 +247,9 @@ def add_parsers(sub) -> None:
     run.add_argument("--speculative", metavar="ngram|MODEL", default=None,
                      help="speculative decoding: draft by prompt lookup (ngram) or with a small model of the "
                      "same tokenizer, verify each round in one forward pass")
-    run.add_argument("--draft-tokens", type=int, default=5, metavar="K",
-                     help="with --speculative: tokens drafted per round (default %(default)s)")
+    run.add_argument("--draft-tokens", type=int, default=DRAFT_TOKENS_BOUND.default, metavar="K",
+                     help=f"with --speculative: tokens drafted per round, {DRAFT_TOKENS_BOUND.allowed()} "
+                     "(default %(default)s)")
     run.add_argument("--trace", metavar="FILE", default=None,
                      help="record the generation as a trace (JSON Lines): nexttok replay / diff read it")
     run.add_argument("--no-cache", action="store_true",

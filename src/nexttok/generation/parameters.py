@@ -95,3 +95,8 @@ PARAMETERS: dict[str, Bound] = {
 # The scalar settings of the sampler stages, each a number in PARAMETERS: what validate checks
 # one by one and what the explainer page has a dial for (logit_bias and seed are not dials).
 DIALS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+
+# Speculative decoding's k (speculative.py), a setting of the run rather than of the sampler: a round
+# verifies k + 1 rows in one forward pass, and a longer draft mostly buys a longer refusal
+# (llama.cpp's --draft-max defaults to 16 too)
+DRAFT_TOKENS_BOUND = Bound(5, 1, 16, "tokens the drafter proposes per round", integer=True)
