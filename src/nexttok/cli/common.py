@@ -51,6 +51,19 @@ def stop_strings(args: argparse.Namespace) -> list[str]:
     return args.stop
 
 
+def note_context_cut(flag: str, wanted: int, model, ids: list[int]) -> None:
+    """A length past the context window: generation ends where the window is full (the library's
+    finish_reason "length"), so say so before it starts instead of leaving the user waiting for
+    steps that cannot come (--max-tokens / --steps 1000000000)."""
+    from nexttok.generation.loop import context_window
+
+    window = context_window(model.config)
+    room = window - len(ids)
+    if wanted > room:
+        print(f"note: {flag} {wanted} is past the context window ({window} tokens, {len(ids)} of them the "
+              f"prompt's): stopping after {room}", file=sys.stderr, flush=True)
+
+
 def model_and_prompt(args: argparse.Namespace) -> tuple[str, str]:
     if len(args.inputs) > 2:
         raise ValueError(f"expected [MODEL] PROMPT, got {len(args.inputs)} arguments (quote the prompt)")

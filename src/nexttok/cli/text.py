@@ -69,6 +69,7 @@ def cmd_run(args: argparse.Namespace, out: Console) -> int:
     checkpoint = common.load_checkpoint(name, args)
     model, tokenizer = checkpoint.model, checkpoint.tokenizer
     ids = _prompt_ids(model, tokenizer, prompt)
+    common.note_context_cut("--max-tokens", args.max_tokens, model, ids)
     drafter = _drafter(args, checkpoint)
     speculative = {"drafter": drafter.name, "draft_tokens": args.draft_tokens} if drafter else None
     trace = traces.writer(args.trace, traces.header(
