@@ -403,3 +403,96 @@ def test_the_librarys_draft_tokens_is_bounded_too(tiny_live, k):
         next(steps)
     assert len(list(speculative_stream(served.model, served.tokenizer, "a b a b", SamplingParams(temperature=0),
                                        NgramDrafter(), k=16, max_tokens=3))) == 3
+
+
+# --- stop strings past their bound (issue 36) ----------------------------------------------------
+
+def test_a_tail_that_may_begin_a_stop_string_is_found_as_before():
+    """held_tail tries only tails starting with the stop string's first character; the oracle is
+    the scan it replaced (every length the stop string allows, longest first)."""
+    from nexttok.generation.loop import held_tail
+
+    def oracle(text: str, stop: str) -> int:
+        return max((k for k in range(len(stop) - 1, 0, -1) if text.endswith(stop[:k])), default=0)
+
+    rng = np.random.default_rng(0)
+    for _ in range(3000):
+        stop = "".join(rng.choice(list("ab\n"), size=rng.integers(1, 6)))
+        text = "".join(rng.choice(list("ab\nc"), size=rng.integers(0, 9)))
+        if stop not in text:
+            assert held_tail(text, stop) == oracle(text, stop), (text, stop)
+    assert held_tail("ok\n", "\n\nUser:") == 1 and held_tail("x" * 999, "x" * 999 + "!") == 999
+
+
+def test_the_library_bounds_stop_strings(tiny_live):
+    from nexttok.errors import InvalidParameter
+    from nexttok.generation.loop import Generation, generate, stream
+    from nexttok.generation.parameters import STOP_STRINGS_BOUND
+    from nexttok.generation.sampling import SamplingParams
+
+    _, served = tiny_live
+    model, tokenizer, greedy = served.model, served.tokenizer, SamplingParams(temperature=0)
+    assert (STOP_STRINGS_BOUND.count, STOP_STRINGS_BOUND.length) == (32, 1000)
+    calls = [lambda stop: Generation(model.config, tokenizer, [1], greedy, stop=stop),
+             lambda stop: next(stream(model, tokenizer, [1], greedy, stop=stop))]
+    for stop, got in ((["\n", "x" * 1001], "got one of 1001 characters"), ("x" * 100_000, "got one of 100000 characters"),
+                      ([str(i) for i in range(33)], "got 33 stop strings")):
+        for call in calls:
+            with pytest.raises(InvalidParameter, match=rf"^stop takes at most 32 stop strings, each at most 1000 "
+                                                       rf"characters; {got}$") as raised:
+                call(stop)
+            assert raised.value.param == "stop"
+    fits = ["x" * 1000, *(f"never{i}" for i in range(31))]
+    assert len(generate(model, tokenizer, [1], greedy, stop=fits, max_tokens=3).token_ids) == 3
+
+
+@pytest.mark.parametrize(("stops", "got"), [(["x" * 1001], "got one of 1001 characters"),
+                                            ([str(i) for i in range(33)], "got 33 stop strings")])
+@pytest.mark.parametrize("command", ["run", "explain"])
+def test_cli_stop_strings_past_the_bound_are_refused_before_loading(capsys, monkeypatch, command, stops, got):
+    from nexttok.cli import common
+
+    monkeypatch.setattr(common, "load", lambda *a: pytest.fail("the model was loaded first"))
+    monkeypatch.setattr(common, "load_checkpoint", lambda *a: pytest.fail("the model was loaded first"))
+    argv = [command, "default", "x", *(arg for stop in stops for arg in ("--stop", stop))]
+    assert _cli_error(argv, capsys) == f"error: --stop takes at most 32 stop strings, each at most 1000 characters; {got}"
+
+
+LONG_STOP = "x" * 1001
+STOP_BODIES = [
+    ("/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 2, "stop": LONG_STOP}, "stop"),
+    ("/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 2, "stop": ["\n", LONG_STOP]}, "stop"),
+    ("/v1/chat/completions", {**_chat_body(), "stop": [LONG_STOP]}, "stop"),
+    ("/v1/chat/completions", {**_chat_body(), "stream": True, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ("/v1/responses", {"model": "tiny", "input": "x", "stop": ["\n"]}, "stop"),  # Responses takes no stop
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param"), STOP_BODIES)
+def test_the_openai_routes_refuse_stop_strings_past_the_bound(server, path, body, param):
+    response = _raw_post(server, path, json.dumps(body).encode())
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and "\n" not in error["message"], error
+    if path != "/v1/responses":
+        assert re.search(r"at most (1000 characters|4 items)", error["message"]), error
+
+
+def test_anthropics_stop_sequences_past_the_bound_are_refused_by_name(server):
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    for stops in (["\n", LONG_STOP], ["a", "b", "c", "d", "e"]):
+        response = _raw_post(server, "/v1/messages", json.dumps({**body, "stop_sequences": stops}).encode())
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["type"] == "invalid_request_error" and "stop_sequences" in error["message"], error
+    fits = _raw_post(server, "/v1/messages", json.dumps({**body, "stop_sequences": ["y" * 1000] * 4}).encode())
+    assert fits.status_code == 200, fits.text
+
+
+def test_the_bound_is_in_the_openapi_document(server):
+    import httpx
+
+    spec = httpx.get(server.url + "/openapi.json", timeout=60).json()["components"]["schemas"]
+    stop = spec["CompletionRequest"]["properties"]["stop"]["anyOf"]
+    assert {"type": "string", "minLength": 1, "maxLength": 1000} in stop
+    assert {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 1000}, "maxItems": 4} in stop

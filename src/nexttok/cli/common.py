@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from nexttok.checkpoints.bundled import DEFAULT_MODEL
-from nexttok.generation.parameters import LLAMA_CPP_SAMPLING
+from nexttok.generation.parameters import LLAMA_CPP_SAMPLING, STOP_STRINGS_BOUND
 
 DTYPE_HELP = ("auto (default: a .gguf as shipped, quantized; a checkpoint directory in float32 on CPU), "
               "float32, bfloat16, float16, or int8 / int4 (linear layers quantized at load)")
@@ -45,9 +45,11 @@ def sampling_params(args: argparse.Namespace):
 
 
 def stop_strings(args: argparse.Namespace) -> list[str]:
-    """--stop's values, checked before the model loads: an empty one would stop nothing."""
+    """--stop's values, checked before the model loads: an empty one would stop nothing, and they
+    are bounded as everywhere (STOP_STRINGS_BOUND)."""
     if "" in args.stop:
         raise ValueError('--stop "": a stop string must not be empty')
+    STOP_STRINGS_BOUND.check("--stop", args.stop)
     return args.stop
 
 
@@ -109,7 +111,8 @@ def add_generation_args(p: argparse.ArgumentParser, max_tokens: int | None) -> N
     p.add_argument("--min-p", type=float, default=CLI_SAMPLING["min_p"], help="(default %(default)s)")
     p.add_argument("--repetition-penalty", type=float, default=CLI_SAMPLING["repetition_penalty"])
     p.add_argument("--seed", type=int, default=None, help="same seed, same tokens")
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--stop", action="append", default=[],
+                   help=f"stop string (repeatable): {STOP_STRINGS_BOUND.allowed()}")
     p.add_argument("--dtype", default=None, help=DTYPE_HELP)
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     p.add_argument("--compile", action="store_true", help=COMPILE_HELP)
