@@ -290,6 +290,15 @@ def test_a_lone_surrogate_in_a_json_body_is_a_400_naming_where(server, path, bod
         "type": "invalid_request_error", "param": param, "code": "invalid_unicode"}
 
 
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/messages/count_tokens"])
+def test_a_lone_surrogate_on_anthropics_routes_is_a_400_in_its_shape(server, path):
+    body = f'{{"model": "tiny", "max_tokens": 2, "messages": [{{"role": "user", "content": {LONE}}}]}}'
+    response = _raw_post(server, path, body.encode("ascii"))
+    assert response.status_code == 400 and response.json() == {"type": "error", "error": {
+        "type": "invalid_request_error", "message": "messages[0].content: text contains a lone surrogate "
+                                                    "'\\ud800' (half of a UTF-16 pair): it is not valid Unicode"}}
+
+
 def test_a_surrogate_pair_in_a_json_body_is_still_text(tiny_live):
     server, served = tiny_live
     response = _raw_post(server, "/tokenize", b'{"model": "tiny", "prompt": "\\ud83d\\ude00 \\\\ud800"}')
@@ -378,6 +387,21 @@ def test_the_server_refuses_a_schema_nested_past_the_limit(server, path, field, 
     assert response.status_code == 400, response.text
     assert response.json()["error"]["message"] == ("request body is nested too deeply to read (a JSON schema "
                                                    "in it may nest 100 levels)")
+
+
+@pytest.mark.parametrize(("field", "wrap", "named"), [
+    ("output_config", lambda s: f'{{"format": {{"type": "json_schema", "schema": {s}}}}}', "output_config.format.schema"),
+    ("tools", lambda s: f'[{{"name": "f", "input_schema": {s}}}]', "tools[0].input_schema"),
+])
+def test_anthropics_route_names_its_own_field_for_a_schema_nested_past_the_limit(server, field, wrap, named):
+    """Its fields become the chat route's (response_format, tools[i].function.parameters): the
+    refusal names the field the request sent."""
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    assert _raw_post(server, "/v1/messages", _with(body, field, wrap(_nested_schema(100)))).status_code == 200
+    response = _raw_post(server, "/v1/messages", _with(body, field, wrap(_nested_schema(101))))
+    assert response.status_code == 400 and response.json() == {"type": "error", "error": {
+        "type": "invalid_request_error",
+        "message": f"{named} is nested more than 100 levels deep (objects and arrays); the limit is 100"}}
 
 
 # --- a draft longer than a round can use (issue 36) ----------------------------------------------
