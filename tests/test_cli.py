@@ -90,6 +90,34 @@ def test_explain_shows_tables(capsys, tiny_dir):
     assert "entropy" in out and "␣capital" in out
 
 
+LONG_PROMPT = "word " * 250  # leaves a few of the tiny model's 256 positions
+
+
+@pytest.mark.parametrize(("command", "flag"), [("explain", "--steps"), ("run", "--max-tokens")])
+def test_a_length_past_the_context_window_stops_there_and_says_so(capsys, tiny_dir, command, flag):
+    """explain --steps 1000000000 went on, a table a step, to the end of the context window without
+    a word; it stops there as run's --max-tokens does, and both say so before they start."""
+    from nexttok.checkpoints.loading import load_checkpoint
+    from nexttok.generation.loop import prompt_ids_for
+
+    checkpoint = load_checkpoint(tiny_dir)
+    prompt = len(prompt_ids_for(checkpoint.model, checkpoint.tokenizer, LONG_PROMPT))
+    room = checkpoint.model.config.max_position_embeddings - prompt
+    assert 0 < room < 10
+    extra = ["--json"] if command == "run" else []
+    assert main([command, str(tiny_dir), LONG_PROMPT, flag, "1000000000", "--temperature", "0", *extra]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.splitlines()[0] == (f"note: {flag} 1000000000 is past the context window (256 tokens, "
+                                            f"{prompt} of them the prompt's): stopping after {room}")
+    if command == "explain":
+        assert captured.out.count("\nstep ") == room and f"step {room}: after" in captured.out
+    else:
+        steps = [json.loads(line) for line in captured.out.splitlines()]
+        assert len(steps) == room and steps[-1]["finish_reason"] == "length"
+    assert main([command, str(tiny_dir), LONG_PROMPT, flag, str(room), "--temperature", "0", *extra]) == 0
+    assert "note:" not in capsys.readouterr().err  # a length that fits says nothing
+
+
 @pytest.mark.parametrize("args,message", [
     (["--temperature", "-1"], "temperature must be a number >= 0"),
     (["--top-p", "0"], "top_p must be in"),

@@ -149,6 +149,41 @@ def test_bundled_entry_names_the_license():
     assert model.license == "Gemma Terms of Use" and model.install == PARTS
 
 
+def _files(folder) -> list:
+    return sorted(p.relative_to(folder) for p in folder.rglob("*")) if folder.exists() else []
+
+
+def test_listing_the_models_joins_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    """`nexttok models` joined gemma3-270m's parts (253 MB) into the cache just to print where the
+    file is. A stand-in model in parts (always here) beside the real ones (when installed): the
+    listing says where each will be and leaves the cache as it was; a run joins it, and the next
+    listing finds it there, writing nothing again."""
+    packages, home = tmp_path / "packages", tmp_path / "home"
+    (packages / "joins_fake").mkdir(parents=True)
+    (packages / "joins_fake" / "__init__.py").write_text(
+        "def assemble(path, overwrite=False):\n    open(path, 'wb').write(b'GGUF')\n")
+    (packages / "joins_fake_part1").mkdir()
+    (packages / "joins_fake_part1" / "__init__.py").write_text("")
+    (packages / "joins_fake_part1" / "fake.gguf.part1").write_bytes(b"GGUF")
+    monkeypatch.syspath_prepend(str(packages))
+    monkeypatch.setitem(BUNDLED_MODELS, "fake-in-parts", bundled.BundledModel(
+        "joins_fake", "joins-fake joins-fake-part1", "fake.gguf", "MIT", "a test", parts=("joins_fake_part1",)))
+    monkeypatch.setenv("NEXTTOK_HOME", str(home))
+    monkeypatch.setenv("COLUMNS", "400")  # one row a line: rich reads the width from COLUMNS
+    joined = home / "models" / "fake.gguf"
+    assert bundled.bundled_model_place("fake-in-parts") == (joined, False)
+    assert main(["models"]) == 0
+    assert _files(home) == []  # nothing joined, not even a folder made
+    assert f"{joined} (joined from its parts on first use)" in capsys.readouterr().out
+    assert bundled_model_file("fake-in-parts") == joined and joined.read_bytes() == b"GGUF"
+    before = [(p, p.stat().st_mtime_ns) for p in home.rglob("*")]
+    assert bundled.bundled_model_place("fake-in-parts") == (joined, True)
+    assert main(["models"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if "fake-in-parts" in line)
+    assert str(joined) in row and "first use" not in row
+    assert [(p, p.stat().st_mtime_ns) for p in home.rglob("*")] == before
+
+
 # --- gemma-3-270m, when its packages are installed -------------------------------------------------
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",

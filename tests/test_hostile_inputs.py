@@ -255,3 +255,268 @@ def test_an_empty_stop_string_is_refused_before_the_model_loads(capsys, monkeypa
     monkeypatch.setattr(common, "load", lambda *a: pytest.fail("the model was loaded first"))
     assert _cli_error([command, "default", "x", "--stop", "\n", "--stop", ""], capsys) == \
         'error: --stop "": a stop string must not be empty'
+
+
+# --- hostile request bodies (issue 36) ----------------------------------------------------------
+
+def _raw_post(server, path: str, body: bytes):
+    import httpx
+
+    return httpx.post(server.url + path, content=body, headers={"Content-Type": "application/json"}, timeout=60)
+
+
+LONE = '"\\ud800"'  # JSON text: the escape of half a UTF-16 pair, which Python's json reads as is
+SURROGATE_BODIES = [
+    ("/v1/chat/completions", f'{{"model": "tiny", "messages": [{{"role": "user", "content": {LONE}}}], '
+                             '"max_tokens": 2}', "messages", "messages[0].content"),
+    ("/v1/chat/completions", f'{{"model": "tiny", "messages": [{{"role": "user", "content": "hi"}}], '
+                             f'"stream": true, "stop": ["a", {LONE}]}}', "stop", "stop[1]"),
+    ("/v1/completions", f'{{"model": "tiny", "prompt": {LONE}, "max_tokens": 2}}', "prompt", "prompt"),
+    ("/v1/responses", f'{{"model": "tiny", "input": {LONE}}}', "input", "input"),
+    ("/v1/embeddings", f'{{"model": "tiny", "input": ["ok", {LONE}]}}', "input", "input[1]"),
+    ("/tokenize", f'{{"model": "tiny", "prompt": {LONE}}}', "prompt", "prompt"),
+    ("/explain/tokens", f'{{"model": "tiny", "text": {LONE}}}', "text", "text"),
+    ("/explain/sessions", f'{{"model": "tiny", "prompt": {LONE}}}', "prompt", "prompt"),
+    ("/explain/sessions/nokey/step", f'{{"temperature": 0, {LONE}: 1}}', "\\ud800", "\\ud800"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param", "where"), SURROGATE_BODIES)
+def test_a_lone_surrogate_in_a_json_body_is_a_400_naming_where(server, path, body, param, where):
+    response = _raw_post(server, path, body.encode("ascii"))
+    assert response.status_code == 400, response.text
+    assert response.json()["error"] == {
+        "message": f"{where}: text contains a lone surrogate '\\ud800' (half of a UTF-16 pair): it is not valid Unicode",
+        "type": "invalid_request_error", "param": param, "code": "invalid_unicode"}
+
+
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/messages/count_tokens"])
+def test_a_lone_surrogate_on_anthropics_routes_is_a_400_in_its_shape(server, path):
+    body = f'{{"model": "tiny", "max_tokens": 2, "messages": [{{"role": "user", "content": {LONE}}}]}}'
+    response = _raw_post(server, path, body.encode("ascii"))
+    assert response.status_code == 400 and response.json() == {"type": "error", "error": {
+        "type": "invalid_request_error", "message": "messages[0].content: text contains a lone surrogate "
+                                                    "'\\ud800' (half of a UTF-16 pair): it is not valid Unicode"}}
+
+
+def test_a_surrogate_pair_in_a_json_body_is_still_text(tiny_live):
+    server, served = tiny_live
+    response = _raw_post(server, "/tokenize", b'{"model": "tiny", "prompt": "\\ud83d\\ude00 \\\\ud800"}')
+    assert response.status_code == 200, response.text
+    assert response.json()["tokens"] == served.tokenizer.encode("\U0001F600 \\ud800")
+
+
+# --- schemas nested thousands of levels deep (issue 36) -----------------------------------------
+
+def _nested_schema(levels: int) -> str:
+    """A schema as JSON text whose objects nest `levels` deep (objects' properties in each
+    other), written without recursion."""
+    wraps = (levels - 1) // 2
+    inner = '{"type": "object"}' if levels % 2 else '{"type": "object", "properties": {}}'
+    return '{"type": "object", "properties": {"a": ' * wraps + inner + "}}" * wraps
+
+
+def test_schema_depth_is_counted_without_recursion():
+    from nexttok.generation.grammar import json_depth
+
+    assert json_depth({"a": [1, {}]}) == 3 and json_depth("x") == 0 and json_depth([]) == 1
+    assert [json_depth(json.loads(_nested_schema(n))) for n in (1, 2, 100, 101)] == [1, 2, 100, 101]
+    deep: list = []
+    for _ in range(50_000):  # past Python's recursion limit
+        deep = [deep]
+    assert json_depth(deep) == 50_001 and json_depth(deep, limit=10) == 11
+
+
+@pytest.mark.parametrize("levels", [101, 5001])
+def test_run_refuses_a_schema_nested_past_the_limit_before_loading(tmp_path, capsys, monkeypatch, levels):
+    from nexttok.cli import common
+
+    monkeypatch.setattr(common, "load_checkpoint", lambda *a: pytest.fail("the model was loaded first"))
+    path = tmp_path / "deep.json"
+    path.write_text(_nested_schema(levels))
+    assert _cli_error(["run", "x", "--json-schema", str(path)], capsys) == (
+        f"error: --json-schema {path}: the schema is nested more than 100 levels deep (objects and arrays); "
+        "the limit is 100")
+
+
+def test_the_library_names_the_engines_nesting_limit(tiny_live):
+    from nexttok.errors import InvalidParameter
+    from nexttok.generation.grammar import Constraint
+
+    _, served = tiny_live
+    vocab, stops = served.model.config.vocab_size, served.model.config.eos_token_id
+    Constraint.json_schema(served.tokenizer, vocab, json.loads(_nested_schema(124)), stops)  # compiles
+    with pytest.raises(InvalidParameter, match=r"^the JSON schema is nested more than 124 levels deep "
+                                               r"\(objects and arrays\); the limit is 124$") as caught:
+        Constraint.json_schema(served.tokenizer, vocab, json.loads(_nested_schema(125)), stops)
+    assert caught.value.param == "response_format"
+
+
+def _chat_body(**extra) -> dict:
+    return {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1, **extra}
+
+
+def _tool(schema: str) -> str:
+    """Two tools (the reply schema's deepest form) with these parameters."""
+    return "[" + ", ".join(f'{{"type": "function", "function": {{"name": "{name}", "parameters": {schema}}}}}'
+                           for name in "fg") + "]"
+
+
+def _format(schema: str) -> str:
+    return f'{{"type": "json_schema", "json_schema": {{"name": "x", "schema": {schema}}}}}'
+
+
+def _with(body: dict, field: str, raw: str) -> bytes:
+    return json.dumps(body)[:-1].encode() + f', "{field}": {raw}}}'.encode()
+
+
+@pytest.mark.parametrize(("path", "field", "wrap", "param", "named"), [
+    ("/v1/chat/completions", "response_format", _format, "response_format", "response_format.json_schema.schema"),
+    ("/v1/chat/completions", "tools", _tool, "tools[0]", "tools[0].function.parameters"),
+    ("/v1/responses", "text", lambda s: f'{{"format": {{"type": "json_schema", "name": "x", "schema": {s}}}}}',
+     "text", "text.format.schema"),
+])
+def test_the_server_refuses_a_schema_nested_past_the_limit(server, path, field, wrap, param, named):
+    body = _chat_body() if path != "/v1/responses" else {"model": "tiny", "input": "x", "max_output_tokens": 16}
+    assert _raw_post(server, path, _with(body, field, wrap(_nested_schema(100)))).status_code == 200
+    response = _raw_post(server, path, _with(body, field, wrap(_nested_schema(101))))
+    assert response.status_code == 400 and response.json()["error"]["param"] == param
+    assert response.json()["error"]["message"] == (f"{named} is nested more than 100 levels deep (objects and "
+                                                   "arrays); the limit is 100")
+    response = _raw_post(server, path, _with(body, field, wrap(_nested_schema(5001))))
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["message"] == ("request body is nested too deeply to read (a JSON schema "
+                                                   "in it may nest 100 levels)")
+
+
+@pytest.mark.parametrize(("field", "wrap", "named"), [
+    ("output_config", lambda s: f'{{"format": {{"type": "json_schema", "schema": {s}}}}}', "output_config.format.schema"),
+    ("tools", lambda s: f'[{{"name": "f", "input_schema": {s}}}]', "tools[0].input_schema"),
+])
+def test_anthropics_route_names_its_own_field_for_a_schema_nested_past_the_limit(server, field, wrap, named):
+    """Its fields become the chat route's (response_format, tools[i].function.parameters): the
+    refusal names the field the request sent."""
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    assert _raw_post(server, "/v1/messages", _with(body, field, wrap(_nested_schema(100)))).status_code == 200
+    response = _raw_post(server, "/v1/messages", _with(body, field, wrap(_nested_schema(101))))
+    assert response.status_code == 400 and response.json() == {"type": "error", "error": {
+        "type": "invalid_request_error",
+        "message": f"{named} is nested more than 100 levels deep (objects and arrays); the limit is 100"}}
+
+
+# --- a draft longer than a round can use (issue 36) ----------------------------------------------
+
+@pytest.mark.parametrize("k", ["100000", "0", "-3"])
+def test_draft_tokens_outside_its_bound_is_refused_before_loading(capsys, monkeypatch, k):
+    from nexttok.cli import common
+
+    monkeypatch.setattr(common, "load_checkpoint", lambda *a: pytest.fail("the model was loaded first"))
+    assert _cli_error(["run", "x", "--speculative", "ngram", "--draft-tokens", k], capsys) == \
+        f"error: --draft-tokens must be an integer in [1, 16], got {k}"
+
+
+@pytest.mark.parametrize("k", [100_000, 0, 2.5, True])
+def test_the_librarys_draft_tokens_is_bounded_too(tiny_live, k):
+    from nexttok.errors import InvalidParameter
+    from nexttok.generation.sampling import SamplingParams
+    from nexttok.generation.speculative import NgramDrafter, speculative_stream
+
+    _, served = tiny_live
+    steps = speculative_stream(served.model, served.tokenizer, "a b a b", SamplingParams(), NgramDrafter(), k=k)
+    with pytest.raises(InvalidParameter, match=rf"^draft_tokens must be an integer in \[1, 16\], got {k!r}$"):
+        next(steps)
+    assert len(list(speculative_stream(served.model, served.tokenizer, "a b a b", SamplingParams(temperature=0),
+                                       NgramDrafter(), k=16, max_tokens=3))) == 3
+
+
+# --- stop strings past their bound (issue 36) ----------------------------------------------------
+
+def test_a_tail_that_may_begin_a_stop_string_is_found_as_before():
+    """held_tail tries only tails starting with the stop string's first character; the oracle is
+    the scan it replaced (every length the stop string allows, longest first)."""
+    from nexttok.generation.loop import held_tail
+
+    def oracle(text: str, stop: str) -> int:
+        return max((k for k in range(len(stop) - 1, 0, -1) if text.endswith(stop[:k])), default=0)
+
+    rng = np.random.default_rng(0)
+    for _ in range(3000):
+        stop = "".join(rng.choice(list("ab\n"), size=rng.integers(1, 6)))
+        text = "".join(rng.choice(list("ab\nc"), size=rng.integers(0, 9)))
+        if stop not in text:
+            assert held_tail(text, stop) == oracle(text, stop), (text, stop)
+    assert held_tail("ok\n", "\n\nUser:") == 1 and held_tail("x" * 999, "x" * 999 + "!") == 999
+
+
+def test_the_library_bounds_stop_strings(tiny_live):
+    from nexttok.errors import InvalidParameter
+    from nexttok.generation.loop import Generation, generate, stream
+    from nexttok.generation.parameters import STOP_STRINGS_BOUND
+    from nexttok.generation.sampling import SamplingParams
+
+    _, served = tiny_live
+    model, tokenizer, greedy = served.model, served.tokenizer, SamplingParams(temperature=0)
+    assert (STOP_STRINGS_BOUND.count, STOP_STRINGS_BOUND.length) == (32, 1000)
+    calls = [lambda stop: Generation(model.config, tokenizer, [1], greedy, stop=stop),
+             lambda stop: next(stream(model, tokenizer, [1], greedy, stop=stop))]
+    for stop, got in ((["\n", "x" * 1001], "got one of 1001 characters"), ("x" * 100_000, "got one of 100000 characters"),
+                      ([str(i) for i in range(33)], "got 33 stop strings")):
+        for call in calls:
+            with pytest.raises(InvalidParameter, match=rf"^stop takes at most 32 stop strings, each at most 1000 "
+                                                       rf"characters; {got}$") as raised:
+                call(stop)
+            assert raised.value.param == "stop"
+    fits = ["x" * 1000, *(f"never{i}" for i in range(31))]
+    assert len(generate(model, tokenizer, [1], greedy, stop=fits, max_tokens=3).token_ids) == 3
+
+
+@pytest.mark.parametrize(("stops", "got"), [(["x" * 1001], "got one of 1001 characters"),
+                                            ([str(i) for i in range(33)], "got 33 stop strings")])
+@pytest.mark.parametrize("command", ["run", "explain"])
+def test_cli_stop_strings_past_the_bound_are_refused_before_loading(capsys, monkeypatch, command, stops, got):
+    from nexttok.cli import common
+
+    monkeypatch.setattr(common, "load", lambda *a: pytest.fail("the model was loaded first"))
+    monkeypatch.setattr(common, "load_checkpoint", lambda *a: pytest.fail("the model was loaded first"))
+    argv = [command, "default", "x", *(arg for stop in stops for arg in ("--stop", stop))]
+    assert _cli_error(argv, capsys) == f"error: --stop takes at most 32 stop strings, each at most 1000 characters; {got}"
+
+
+LONG_STOP = "x" * 1001
+STOP_BODIES = [
+    ("/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 2, "stop": LONG_STOP}, "stop"),
+    ("/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 2, "stop": ["\n", LONG_STOP]}, "stop"),
+    ("/v1/chat/completions", {**_chat_body(), "stop": [LONG_STOP]}, "stop"),
+    ("/v1/chat/completions", {**_chat_body(), "stream": True, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ("/v1/responses", {"model": "tiny", "input": "x", "stop": ["\n"]}, "stop"),  # Responses takes no stop
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param"), STOP_BODIES)
+def test_the_openai_routes_refuse_stop_strings_past_the_bound(server, path, body, param):
+    response = _raw_post(server, path, json.dumps(body).encode())
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and "\n" not in error["message"], error
+    if path != "/v1/responses":
+        assert re.search(r"at most (1000 characters|4 items)", error["message"]), error
+
+
+def test_anthropics_stop_sequences_past_the_bound_are_refused_by_name(server):
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    for stops in (["\n", LONG_STOP], ["a", "b", "c", "d", "e"]):
+        response = _raw_post(server, "/v1/messages", json.dumps({**body, "stop_sequences": stops}).encode())
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["type"] == "invalid_request_error" and "stop_sequences" in error["message"], error
+    fits = _raw_post(server, "/v1/messages", json.dumps({**body, "stop_sequences": ["y" * 1000] * 4}).encode())
+    assert fits.status_code == 200, fits.text
+
+
+def test_the_bound_is_in_the_openapi_document(server):
+    import httpx
+
+    spec = httpx.get(server.url + "/openapi.json", timeout=60).json()["components"]["schemas"]
+    stop = spec["CompletionRequest"]["properties"]["stop"]["anyOf"]
+    assert {"type": "string", "minLength": 1, "maxLength": 1000} in stop
+    assert {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 1000}, "maxItems": 4} in stop

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import jsonschema
@@ -304,3 +305,34 @@ def test_a_trace_of_nothing_generated_is_refused(client):
     with pytest.raises(openai.BadRequestError, match="Invalid value for nexttok: Input should be a valid boolean"):
         client.completions.create(model="tiny", prompt="Once upon", max_tokens=4,
                                   extra_body={"nexttok": {"trace": "yes"}})
+
+
+# --- files that are not traces at all (issue 36) -------------------------------------------------
+
+def test_an_endless_line_is_refused_not_read_to_the_end(capsys):
+    """/dev/zero is one line that never ends: it was read until the kernel killed the process."""
+    assert main(["replay", "/dev/zero"]) == 2
+    assert capsys.readouterr().err.strip() == ("error: trace /dev/zero: line 1 is longer than 16 MiB, more than "
+                                               "a trace line holds (is it a trace?)")
+
+
+def test_a_file_past_the_size_bound_is_refused(greedy_trace, monkeypatch):
+    from nexttok.generation import trace
+
+    read_trace(greedy_trace)
+    monkeypatch.setattr(trace, "MAX_TRACE_BYTES", greedy_trace.stat().st_size - 1)
+    with pytest.raises(TraceError, match=rf"^trace {re.escape(str(greedy_trace))}: larger than 0 GiB"):
+        read_trace(greedy_trace)
+    monkeypatch.setattr(trace, "MAX_LINE_BYTES", 100)
+    with pytest.raises(TraceError, match=r": line 1 is longer than 0 MiB"):
+        read_trace(greedy_trace)
+
+
+def test_a_line_separator_in_a_tokens_text_stays_in_its_line(greedy_trace, tmp_path):
+    """The writer leaves U+2028 unescaped (ensure_ascii=False): lines split at "\\n" only."""
+    lines = greedy_trace.read_text(encoding="utf-8").split("\n")
+    step = json.loads(lines[1])
+    lines[1] = json.dumps({**step, "token_text": "a\u2028b\x85c"}, ensure_ascii=False)
+    path = tmp_path / "separator.jsonl"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    assert read_trace(path).steps[0]["token_text"] == "a\u2028b\x85c"

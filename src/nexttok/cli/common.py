@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from nexttok.checkpoints.bundled import DEFAULT_MODEL
-from nexttok.generation.parameters import LLAMA_CPP_SAMPLING
+from nexttok.generation.parameters import LLAMA_CPP_SAMPLING, STOP_STRINGS_BOUND
 
 DTYPE_HELP = ("auto (default: a .gguf as shipped, quantized; a checkpoint directory in float32 on CPU), "
               "float32, bfloat16, float16, or int8 / int4 (linear layers quantized at load)")
@@ -45,10 +45,25 @@ def sampling_params(args: argparse.Namespace):
 
 
 def stop_strings(args: argparse.Namespace) -> list[str]:
-    """--stop's values, checked before the model loads: an empty one would stop nothing."""
+    """--stop's values, checked before the model loads: an empty one would stop nothing, and they
+    are bounded as everywhere (STOP_STRINGS_BOUND)."""
     if "" in args.stop:
         raise ValueError('--stop "": a stop string must not be empty')
+    STOP_STRINGS_BOUND.check("--stop", args.stop)
     return args.stop
+
+
+def note_context_cut(flag: str, wanted: int, model, ids: list[int]) -> None:
+    """A length past the context window: generation ends where the window is full (the library's
+    finish_reason "length"), so say so before it starts instead of leaving the user waiting for
+    steps that cannot come (--max-tokens / --steps 1000000000)."""
+    from nexttok.generation.loop import context_window
+
+    window = context_window(model.config)
+    room = window - len(ids)
+    if wanted > room:
+        print(f"note: {flag} {wanted} is past the context window ({window} tokens, {len(ids)} of them the "
+              f"prompt's): stopping after {room}", file=sys.stderr, flush=True)
 
 
 def model_and_prompt(args: argparse.Namespace) -> tuple[str, str]:
@@ -96,7 +111,8 @@ def add_generation_args(p: argparse.ArgumentParser, max_tokens: int | None) -> N
     p.add_argument("--min-p", type=float, default=CLI_SAMPLING["min_p"], help="(default %(default)s)")
     p.add_argument("--repetition-penalty", type=float, default=CLI_SAMPLING["repetition_penalty"])
     p.add_argument("--seed", type=int, default=None, help="same seed, same tokens")
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--stop", action="append", default=[],
+                   help=f"stop string (repeatable): {STOP_STRINGS_BOUND.allowed()}")
     p.add_argument("--dtype", default=None, help=DTYPE_HELP)
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     p.add_argument("--compile", action="store_true", help=COMPILE_HELP)

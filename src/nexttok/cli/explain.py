@@ -21,6 +21,7 @@ def cmd_explain(args: argparse.Namespace, out: Console) -> int:
     params, stops = common.sampling_params(args), common.stop_strings(args)
     model, tokenizer = common.load(name, args)
     ids = prompt_ids_for(model, tokenizer, prompt)
+    common.note_context_cut("--steps", args.steps, model, ids)
     chips = " ".join(f"[reverse]{common.escape(common.visible(p.text))}[/][dim]{p.id}[/]"
                      for p in tokenizer.pieces(ids))
     out.print(f"[bold]prompt[/] → {len(ids)} tokens: {chips}")
@@ -124,7 +125,8 @@ def _explain_table(step, text_so_far: str) -> Table:
 def add_parsers(sub) -> None:
     explain = sub.add_parser("explain", help="show each step: the next-token table and the sampler")
     common.add_generation_args(explain, max_tokens=None)
-    explain.add_argument("--steps", type=int, default=5, help="tokens to explain (default %(default)s)")
+    explain.add_argument("--steps", type=int, default=5,
+                         help="tokens to explain; at most to the end of the context window (default %(default)s)")
     explain.add_argument("--top", type=int, default=10, help="rows per table (default %(default)s)")
     explain.add_argument("--lens", action="store_true",
                          help="after each step, what every layer would predict (the logit lens)")

@@ -18,8 +18,10 @@ def cmd_models(args: argparse.Namespace, out: Console) -> int:
     for column in ("name", "kind", "license", "where"):
         table.add_column(column)
     for name, model in bundled.BUNDLED_MODELS.items():
-        try:
-            where = str(bundled.bundled_model_file(name))
+        try:  # where it is, never joined here: a listing writes nothing
+            path, there = bundled.bundled_model_place(name)
+            where = common.escape(str(path)) if there else \
+                f"{common.escape(str(path))} [dim](joined from its parts on first use)[/]"
         except FileNotFoundError as e:
             where = f"[red]{common.escape(str(e))}[/]"
         label = f"{name} (default)" if name == DEFAULT_MODEL else name

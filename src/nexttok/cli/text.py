@@ -12,6 +12,7 @@ from rich.table import Table
 
 from nexttok.checkpoints.sources import load_tokenizer
 from nexttok.cli import common, traces
+from nexttok.generation.parameters import DRAFT_TOKENS_BOUND
 from nexttok.tokenizers.tokenizer import Piece
 
 
@@ -64,9 +65,11 @@ def cmd_run(args: argparse.Namespace, out: Console) -> int:
     schema = _output_schema(args)
     if args.speculative and args.no_cache:
         raise ValueError("--speculative verifies drafts through the KV cache: drop --no-cache")
+    _check_draft_tokens(args)
     checkpoint = common.load_checkpoint(name, args)
     model, tokenizer = checkpoint.model, checkpoint.tokenizer
     ids = _prompt_ids(model, tokenizer, prompt)
+    common.note_context_cut("--max-tokens", args.max_tokens, model, ids)
     drafter = _drafter(args, checkpoint)
     speculative = {"drafter": drafter.name, "draft_tokens": args.draft_tokens} if drafter else None
     trace = traces.writer(args.trace, traces.header(
@@ -139,6 +142,12 @@ def _constraint(args: argparse.Namespace, checkpoint, schema: dict | None):
                                   "--json-schema" if args.json_schema else "--format")
 
 
+def _check_draft_tokens(args: argparse.Namespace) -> None:
+    """--draft-tokens within its bound, checked before the model loads."""
+    if not DRAFT_TOKENS_BOUND.allows(args.draft_tokens):
+        raise ValueError(f"--draft-tokens must be {DRAFT_TOKENS_BOUND.allowed()}, got {args.draft_tokens}")
+
+
 def _drafter(args: argparse.Namespace, checkpoint):
     """--speculative ngram (prompt lookup) or a draft model of the same tokenizer; None without it."""
     if not args.speculative:
@@ -146,8 +155,6 @@ def _drafter(args: argparse.Namespace, checkpoint):
     from nexttok.generation.speculative import ModelDrafter, NgramDrafter, check_rollback
 
     check_rollback(checkpoint.model.config)
-    if args.draft_tokens < 1:
-        raise ValueError(f"--draft-tokens must be >= 1, got {args.draft_tokens}")
     if args.speculative == "ngram":
         return NgramDrafter()
     draft = common.load_checkpoint(args.speculative, argparse.Namespace(**{**vars(args), "tensor_parallel": 1}))
@@ -195,12 +202,16 @@ def _print_steps(args: argparse.Namespace, steps, trace) -> tuple[int, str | Non
 
 def _output_schema(args: argparse.Namespace) -> dict | None:
     """The JSON schema the output must follow: --json-schema FILE, --format json (any object), or None."""
+    from nexttok.generation.grammar import MAX_SCHEMA_DEPTH, json_depth
+
     if args.json_schema and args.format:
         raise ValueError("give --json-schema or --format, not both")
     if args.format:
         return {"type": "object"}
     if not args.json_schema:
         return None
+    too_deep = ValueError(f"--json-schema {args.json_schema}: the schema is nested more than {MAX_SCHEMA_DEPTH} "
+                          f"levels deep (objects and arrays); the limit is {MAX_SCHEMA_DEPTH}")
     try:
         with open(args.json_schema, encoding="utf-8") as f:
             schema = json.load(f)
@@ -208,8 +219,12 @@ def _output_schema(args: argparse.Namespace) -> dict | None:
         raise ValueError(f"--json-schema {args.json_schema}: cannot read it ({e.strerror})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"--json-schema {args.json_schema}: not valid JSON ({e})") from None
+    except RecursionError:  # nested deeper than Python's reader goes: far past the limit
+        raise too_deep from None
     if not isinstance(schema, dict):
         raise ValueError(f"--json-schema {args.json_schema}: a JSON schema must be an object")
+    if json_depth(schema, MAX_SCHEMA_DEPTH) > MAX_SCHEMA_DEPTH:
+        raise too_deep
     return schema
 
 
@@ -234,8 +249,9 @@ def add_parsers(sub) -> None:
     run.add_argument("--speculative", metavar="ngram|MODEL", default=None,
                      help="speculative decoding: draft by prompt lookup (ngram) or with a small model of the "
                      "same tokenizer, verify each round in one forward pass")
-    run.add_argument("--draft-tokens", type=int, default=5, metavar="K",
-                     help="with --speculative: tokens drafted per round (default %(default)s)")
+    run.add_argument("--draft-tokens", type=int, default=DRAFT_TOKENS_BOUND.default, metavar="K",
+                     help=f"with --speculative: tokens drafted per round, {DRAFT_TOKENS_BOUND.allowed()} "
+                     "(default %(default)s)")
     run.add_argument("--trace", metavar="FILE", default=None,
                      help="record the generation as a trace (JSON Lines): nexttok replay / diff read it")
     run.add_argument("--no-cache", action="store_true",

@@ -29,6 +29,12 @@ NEG_INF = float("-inf")
 # JSON laid out as models usually write it ({"a": 1, "b": [2, 3]}), with no free whitespace: a
 # model that may add spaces or newlines anywhere can fill its whole budget with them
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# How deep objects and arrays may nest in a schema a user gives (--json-schema, response_format, a
+# tool's parameters). llguidance reads JSON with serde_json, which stops at 128 levels, and wraps a
+# schema in 4 more: 124 is the deepest it compiles (measured), the limit Constraint.json_schema names.
+# A tool's parameters sit 9 levels inside the reply schema (tools.reply_schema): 100 leaves room
+MAX_SCHEMA_DEPTH = 100
+ENGINE_SCHEMA_DEPTH = 124
 _SHIFTS = torch.arange(32, dtype=torch.int32)
 _VOCABULARIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> {(n, stops): LLTokenizer}
 
@@ -104,6 +110,7 @@ class Constraint:
             raise InvalidParameter(param, f"a JSON schema must be an object, got {type(schema).__name__}")
         if not stop_ids:
             raise InvalidParameter(param, "constrained decoding needs a stop token (the model has none)")
+        check_schema_depth(schema, param, "the JSON schema", ENGINE_SCHEMA_DEPTH)
         llg = _llguidance()
         try:
             grammar = llg.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_LAYOUT)
@@ -135,6 +142,27 @@ class Constraint:
         if not self.matcher.consume_token(token_id):
             raise ValueError(f"token {token_id} is not allowed by the grammar: "
                              f"{_first_line(self.matcher.get_error())}")
+
+
+def json_depth(value, limit: int | None = None) -> int:
+    """How deep objects and arrays nest in a JSON value, counted without recursion (so any depth
+    Python could build is measured), stopping once past `limit`:
+    json_depth({"a": [1, {}]}) == 3; json_depth("x") == 0."""
+    deepest, todo = 0, [(value, 1)]
+    while todo and (limit is None or deepest <= limit):
+        item, depth = todo.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is not None:
+            deepest = max(deepest, depth)
+            todo.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def check_schema_depth(schema, param: str, what: str, limit: int = MAX_SCHEMA_DEPTH) -> None:
+    """InvalidParameter naming `param` and `what` if `schema` nests deeper than `limit`."""
+    if json_depth(schema, limit) > limit:
+        raise InvalidParameter(param, f"{what} is nested more than {limit} levels deep (objects and arrays); "
+                               f"the limit is {limit}")
 
 
 def _first_line(error) -> str:

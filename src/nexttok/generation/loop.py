@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from nexttok.errors import InvalidParameter
+from nexttok.generation.parameters import STOP_STRINGS_BOUND
 from nexttok.generation.prefill import prefill
 from nexttok.generation.sampling import Sample, SamplerChain, SamplingParams, StageRecord
 from nexttok.generation.scoring import Alternative, PromptScores, top_alternatives
@@ -211,8 +212,7 @@ class StopStrings:
             at, self.matched = min(found, key=lambda hit: hit[0])  # the first to start; list order breaks ties
             released, self.pending = self.pending[:at], ""
             return released, True
-        hold = max((k for s in self.stops for k in range(len(s) - 1, 0, -1)
-                    if self.pending.endswith(s[:k])), default=0)
+        hold = max((held_tail(self.pending, s) for s in self.stops), default=0)
         cut = len(self.pending) - hold
         released, self.pending = self.pending[:cut], self.pending[cut:]
         return released, False
@@ -220,6 +220,18 @@ class StopStrings:
     def flush(self) -> str:
         released, self.pending = self.pending, ""
         return released
+
+
+def held_tail(text: str, stop: str) -> int:
+    """The length of the longest tail of text that may begin stop (text holds no whole stop):
+    held_tail("ok\n", "\n\nUser:") == 1. Only tails that start with stop's first character are
+    tried, so the work follows the text held, not the stop string's length."""
+    at = text.find(stop[0], max(0, len(text) - len(stop) + 1))
+    while at >= 0:
+        if stop.startswith(text[at:]):
+            return len(text) - at
+        at = text.find(stop[0], at + 1)
+    return 0
 
 
 def _check_generation_args(max_tokens, stop, least: int = 0) -> list[str]:
@@ -233,6 +245,7 @@ def _check_generation_args(max_tokens, stop, least: int = 0) -> list[str]:
         raise InvalidParameter("stop", "stop must be a string or a list of strings")
     if "" in stops:  # it would stop nothing (StopStrings skips it): a mistake, not a wish
         raise InvalidParameter("stop", f"stop strings must not be empty, got {stops!r}")
+    STOP_STRINGS_BOUND.check("stop", stops)
     return stops
 
 

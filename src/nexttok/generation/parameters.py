@@ -95,3 +95,41 @@ PARAMETERS: dict[str, Bound] = {
 # The scalar settings of the sampler stages, each a number in PARAMETERS: what validate checks
 # one by one and what the explainer page has a dial for (logit_bias and seed are not dials).
 DIALS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+
+# Speculative decoding's k (speculative.py), a setting of the run rather than of the sampler: a round
+# verifies k + 1 rows in one forward pass, and a longer draft mostly buys a longer refusal
+# (llama.cpp's --draft-max defaults to 16 too)
+DRAFT_TOKENS_BOUND = Bound(5, 1, 16, "tokens the drafter proposes per round", integer=True)
+
+
+@dataclass(frozen=True)
+class StopStringsBound:
+    """How many stop strings a generation takes and how long each may be. Every step looks for each
+    stop string in the text held back and holds back any tail that may begin one, so the two bound
+    the work per token and the text held back (a 100,000-character stop string slowed decoding 20x)."""
+
+    count: int
+    length: int
+
+    def allowed(self) -> str:
+        """StopStringsBound(4, 1000).allowed() == "at most 4 stop strings, each at most 1000 characters"."""
+        return f"at most {self.count} stop strings, each at most {self.length} characters"
+
+    def check(self, name: str, stops) -> None:
+        """Raise InvalidParameter naming the field (stop, stop_sequences, --stop) when stops are
+        too many or one is too long."""
+        if len(stops) > self.count:
+            raise InvalidParameter(name, f"{name} takes {self.allowed()}; got {len(stops)} stop strings")
+        longest = max(stops, key=len, default="")
+        if len(longest) > self.length:
+            raise InvalidParameter(name, f"{name} takes {self.allowed()}; got one of {len(longest)} characters")
+
+
+# The engine's bound, wherever stop strings enter: the library (Generation) and CLI --stop, and the
+# routes' within it. Stop strings in use are a word or a marker ("\n\nUser:", "</answer>", "```"):
+# 1000 characters is far past any and keeps the text held back small. llama-server and Ollama set no
+# count; chat templates' stop lists (Continue's) run to a dozen: 32.
+STOP_STRINGS_BOUND = StopStringsBound(count=32, length=1000)
+# OpenAI's API takes up to 4 stop sequences and refuses more: its routes (`stop`) and Anthropic's
+# (`stop_sequences`) keep to that, each as long as the engine allows
+OPENAI_STOP_STRINGS = dataclasses.replace(STOP_STRINGS_BOUND, count=4)

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from nexttok.generation.loop import Draft, Generation, Step, prompt_ids_for
+from nexttok.generation.parameters import DRAFT_TOKENS_BOUND
 from nexttok.generation.prefill import prefill
 from nexttok.generation.sampling import Sample, SamplingParams, check_logits, pick
 from nexttok.generation.stages import NEG_INF
@@ -39,7 +40,7 @@ from nexttok.models import Model
 from nexttok.models.cache import KVCache, StateRollback
 from nexttok.tokenizers.tokenizer import Tokenizer
 
-DRAFT_TOKENS = 5  # k: tokens drafted per round
+DRAFT_TOKENS = DRAFT_TOKENS_BOUND.default  # k: tokens drafted per round (1 to 16)
 
 
 class NgramDrafter:
@@ -138,8 +139,7 @@ def speculative_stream(model: Model, tokenizer: Tokenizer, prompt: str | Sequenc
                        **options) -> Iterator[Step]:
     """generate's steps, produced k + 1 at a time at the most (see above); options as stream's
     (max_tokens, stop, stop_token_ids, top_n). rounds, when given, is filled in as it goes."""
-    if k < 1:
-        raise ValueError(f"draft tokens must be >= 1, got {k}")
+    DRAFT_TOKENS_BOUND.check("draft_tokens", k)
     check_rollback(model.config)
     rounds = rounds if rounds is not None else Rounds()
     weights = next(model.parameters())

@@ -20,6 +20,7 @@ import uuid
 from dataclasses import dataclass
 
 from nexttok.errors import InvalidParameter
+from nexttok.generation.grammar import check_schema_depth
 
 MAX_TOOLS = 64
 
@@ -46,6 +47,7 @@ def parse_tools(tools) -> list[Tool]:
         parameters = function.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(parameters, dict):
             raise InvalidParameter(f"tools[{i}]", f"tools[{i}].function.parameters must be a JSON schema object")
+        check_schema_depth(parameters, f"tools[{i}]", f"tools[{i}].function.parameters")
         parsed.append(Tool(name, str(function.get("description", "")), parameters))
     if len({t.name for t in parsed}) != len(parsed):
         raise InvalidParameter("tools", "tool names must be distinct")

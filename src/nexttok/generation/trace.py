@@ -33,6 +33,11 @@ from nexttok.models import kernels
 
 FORMAT = "nexttok-trace"
 VERSION = 1
+# What a trace file may hold. The longest line is the header, with the prompt's text and ids: 16 MiB
+# is a prompt of about a million tokens. 1 GiB is about two million steps with top alternatives.
+# Past either, the file is not a trace (/dev/zero is one endless line) and is refused by name.
+MAX_LINE_BYTES = 16 << 20
+MAX_TRACE_BYTES = 1 << 30
 
 
 class TraceError(ValueError):
@@ -173,13 +178,30 @@ def read_trace(path: str | Path) -> Trace:
     """A trace file, checked line by line against the schema and for what the schema cannot say
     (the order of the lines, consecutive step indices, a finished run)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
+        with open(path, "rb") as f:
+            lines = _read_lines(f, str(path))
     except OSError as e:
         raise TraceError(f"trace {path}: cannot read it ({e.strerror})") from None
-    except UnicodeDecodeError as e:
-        raise TraceError(f"trace {path}: not UTF-8 text (byte {e.start})") from None
     return parse_trace(lines, str(path))
+
+
+def _read_lines(f: IO[bytes], path: str) -> list[str]:
+    """The file's lines as text, split at "\\n" only (the writer leaves U+2028 in a token's text
+    unescaped), each at most MAX_LINE_BYTES and all of them at most MAX_TRACE_BYTES."""
+    lines, read = [], 0
+    while line := f.readline(MAX_LINE_BYTES + 1):
+        if len(line) > MAX_LINE_BYTES:
+            raise TraceError(f"trace {path}: line {len(lines) + 1} is longer than {MAX_LINE_BYTES >> 20} MiB, "
+                             "more than a trace line holds (is it a trace?)")
+        if read + len(line) > MAX_TRACE_BYTES:
+            raise TraceError(f"trace {path}: larger than {MAX_TRACE_BYTES >> 30} GiB, more than a trace holds "
+                             "(is it a trace?)")
+        try:
+            lines.append(line.decode("utf-8").removesuffix("\n").removesuffix("\r"))
+        except UnicodeDecodeError as e:
+            raise TraceError(f"trace {path}: not UTF-8 text (byte {read + e.start})") from None
+        read += len(line)
+    return lines
 
 
 def parse_trace(lines: list[str], name: str) -> Trace:

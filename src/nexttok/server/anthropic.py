@@ -19,6 +19,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field, ValidationError
 
 from nexttok.errors import InvalidParameter
+from nexttok.generation.parameters import OPENAI_STOP_STRINGS
 from nexttok.generation.tools import MAX_TOOLS
 from nexttok.server.anthropic_messages import Reply, chat_messages, chat_tools, output_format
 from nexttok.server.anthropic_stream import MessageEvents
@@ -26,7 +27,7 @@ from nexttok.server.completions import chat_plan, chat_prompt
 from nexttok.server.engine import ServedModel, find_served
 from nexttok.server.errors import ErrorShape
 from nexttok.server.scheduler import GenerationFailed, RequestTimeout, ShuttingDown
-from nexttok.server.schemas import MAX_STOP, ChatRequest, NonEmpty, Strict, bounded
+from nexttok.server.schemas import ChatRequest, StopStrings, Strict, bounded
 from nexttok.server.streaming import Run, chained, close, first_step, steps_of, typed_event
 
 MESSAGES = "/v1/messages"
@@ -47,7 +48,7 @@ class MessagesRequest(Strict):
     messages: Annotated[list[Any], Field(min_length=1)]
     max_tokens: int = Field(ge=1, description="required, as Anthropic requires it; capped by the context window")
     system: str | list[Any] | None = Field(None, description="a string or text blocks: the first system message")
-    stop_sequences: Annotated[list[NonEmpty], Field(max_length=MAX_STOP)] | None = None
+    stop_sequences: StopStrings | None = Field(None, description=OPENAI_STOP_STRINGS.allowed())
     temperature: float | None = bounded("temperature", le=1.0)
     top_p: float | None = bounded("top_p")
     top_k: int | None = bounded("top_k")

@@ -14,6 +14,7 @@ import json
 import re
 
 from nexttok.errors import InvalidParameter
+from nexttok.generation.grammar import check_schema_depth
 from nexttok.generation.loop import Generation, Step
 from nexttok.generation.tools import ReplyStream
 from nexttok.server.responses_items import new_id
@@ -185,6 +186,7 @@ def _tool(i: int, tool) -> dict:
         raise _error("tools", f"{where}.name must be 1 to 64 letters, digits, _ or -")
     if not isinstance(schema, dict):
         raise _error("tools", f"{where}.input_schema must be a JSON schema object")
+    check_schema_depth(schema, "tools", f"{where}.input_schema")  # here, or the chat route names its own field
     description = tool.get("description", "")
     if not isinstance(description, str):
         raise _error("tools", f"{where}.description must be a string")
@@ -198,6 +200,7 @@ def output_format(config: dict | None) -> dict | None:
         return None
     if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
         raise InvalidParameter("output_config", 'output_config.format must be {"type": "json_schema", "schema": {...}}')
+    check_schema_depth(fmt["schema"], "output_config", "output_config.format.schema")
     return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
 
 

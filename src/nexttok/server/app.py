@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 from nexttok.generation.loop import context_window
 from nexttok.server.anthropic import install_anthropic_routes
@@ -23,7 +23,7 @@ from nexttok.server.embeddings import install_embedding_routes
 from nexttok.server.engine import ServedModel, find_served
 from nexttok.server.errors import install_error_handlers
 from nexttok.server.lesson.routes import install_explainer
-from nexttok.server.limits import BodyLimit, ServerLimits
+from nexttok.server.limits import BodyLimit, ServerLimits, json_text_is_unicode
 from nexttok.server.metrics import Metrics
 from nexttok.server.ollama import install_ollama_routes
 from nexttok.server.openapi import openapi_spec
@@ -46,7 +46,8 @@ def create_app(models: list[ServedModel], *, api_key: str | None = None,
         raise ValueError("a server needs at least one model")
     limits = limits or ServerLimits()
     app = FastAPI(title="nexttok", version="0.1.0", lifespan=_lifespan,
-                  description="OpenAI-compatible text generation, one token at a time.")
+                  description="OpenAI-compatible text generation, one token at a time.",
+                  dependencies=[Depends(json_text_is_unicode)])
     app.state.models = {m.name: m for m in models}
     app.state.metrics = Metrics()
     app.state.limits = limits

@@ -10,7 +10,7 @@ import anyio
 from fastapi import FastAPI
 
 from nexttok.errors import InvalidParameter
-from nexttok.generation.grammar import Constraint
+from nexttok.generation.grammar import Constraint, check_schema_depth
 from nexttok.generation.loop import Generation, prompt_ids_for
 from nexttok.generation.parameters import DIALS
 from nexttok.generation.sampling import SamplingParams
@@ -86,6 +86,7 @@ def _output_schema(output: OutputFormat | None) -> dict | None:
         return {"type": "object"}
     if output.json_schema is None:
         raise InvalidParameter("response_format", "response_format of type json_schema needs a json_schema")
+    check_schema_depth(output.json_schema.schema_, "response_format", "response_format.json_schema.schema")
     return output.json_schema.schema_
 
 

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from nexttok.errors import InvalidParameter
+from nexttok.generation.grammar import MAX_SCHEMA_DEPTH
 from nexttok.server.scheduler import GenerationFailed, QueueFull, RequestTimeout, ShuttingDown
 from nexttok.server.schemas import ErrorResponse
 from nexttok.tokenizers.chat_template import ChatTemplateError
@@ -105,6 +106,9 @@ def _install_request_errors(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException):
         message = f"no route {request.method} {request.url.path}" if e.status_code in (404, 405) else str(e.detail)
+        if isinstance(e.__cause__, RecursionError):  # FastAPI's "error parsing the body" says only that
+            message = (f"request body is nested too deeply to read (a JSON schema in it may nest "
+                       f"{MAX_SCHEMA_DEPTH} levels)")
         code = {404: "not_found", 413: "body_too_large"}.get(e.status_code)
         return request_error(request, e.status_code, message, code=code)
 

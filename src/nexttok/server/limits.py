@@ -1,15 +1,18 @@
-"""What the server lets in: its limits (batch, waiting line, timeout, context, body size) and the
-middleware that refuses request bodies over the size limit."""
+"""What the server lets in: its limits (batch, waiting line, timeout, context, body size), the
+middleware that refuses request bodies over the size limit, and the check that a JSON body's text
+is Unicode."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
+from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from nexttok.generation.prefill import BLOCK
-from nexttok.server.errors import ErrorShape, error_shape
+from nexttok.server.errors import APIError, ErrorShape, error_shape
 
 
 @dataclass
@@ -79,3 +82,49 @@ class BodyLimit:
 
 def _too_large(limit: int, shape: ErrorShape) -> JSONResponse:
     return shape.response(413, BodyTooLarge(limit).detail, code="body_too_large")
+
+
+async def json_text_is_unicode(request: Request) -> None:
+    """A dependency of every route: JSON may escape half a surrogate pair ("\\ud800"), which
+    Python's json reads into a str that no tokenizer or encoder can take; refuse it as a 400
+    naming where it is, before any route sees it."""
+    if request.method not in ("POST", "PUT", "PATCH") or not _may_hold_a_surrogate(await request.body()):
+        return
+    try:
+        body = await request.json()
+    except ValueError:  # not JSON: the route's own parsing says so
+        return
+    found = lone_surrogate(body)
+    if found is not None:
+        path, char = found
+        raise APIError(400, f"{path or 'request body'}: text contains a lone surrogate {char!r} (half of a "
+                       "UTF-16 pair): it is not valid Unicode", param=re.split(r"[.\[]", path)[0] or None,
+                       code="invalid_unicode")
+
+
+def _may_hold_a_surrogate(body: bytes) -> bool:
+    return b"\\ud" in body or b"\\uD" in body
+
+
+def lone_surrogate(value, path: str = "") -> tuple[str, str] | None:
+    """Where in a JSON value the first lone surrogate is (keys included), and which:
+    lone_surrogate({"messages": [{"content": "a\\ud800"}]}) == ("messages[0].content", "\\ud800")."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            return path, value[e.start]
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        if isinstance(key, int):
+            inner = f"{path}[{key}]"
+        else:
+            name = key.encode("utf-8", "backslashreplace").decode()  # the path is sent back: keep it Unicode
+            inner = f"{path}.{name}" if path else name
+            if name != key:
+                return inner, lone_surrogate(key)[1]
+        found = lone_surrogate(item, inner)
+        if found is not None:
+            return found
+    return None

@@ -12,6 +12,7 @@ import time
 import uuid
 
 from nexttok.errors import InvalidParameter
+from nexttok.generation.grammar import check_schema_depth
 from nexttok.generation.loop import Step
 from nexttok.generation.tools import read_reply
 from nexttok.server.responses import token_logprobs
@@ -115,6 +116,7 @@ def output_format(text: dict | None) -> dict | None:
         raise InvalidParameter("text", 'text.format.type must be "text", "json_object" or "json_schema"')
     if fmt["type"] != "json_schema":
         return {"type": fmt["type"]}
+    check_schema_depth(fmt.get("schema"), "text", "text.format.schema")
     schema = {k: fmt[k] for k in ("name", "schema", "description", "strict") if k in fmt}
     return {"type": "json_schema", "json_schema": schema}
 

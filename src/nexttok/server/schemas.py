@@ -8,18 +8,19 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from nexttok.generation.parameters import PARAMETERS
+from nexttok.generation.parameters import OPENAI_STOP_STRINGS, PARAMETERS
 
 MAX_N = 8
 MAX_PROMPTS = 64  # prompts in one completions request (evaluation harnesses send batches)
-MAX_STOP = 4
 MAX_TOP_LOGPROBS = 20
 
 TokenId = Annotated[int, Field(ge=0)]
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 TokenIdKey = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,9}$")]
 Bias = Annotated[float, Field(**PARAMETERS["logit_bias"].limits())]
-NonEmpty = Annotated[str, StringConstraints(min_length=1)]
+# stop strings as OpenAI bounds them (parameters.OPENAI_STOP_STRINGS): `stop` here, Anthropic's stop_sequences
+StopString = Annotated[str, StringConstraints(min_length=1, max_length=OPENAI_STOP_STRINGS.length)]
+StopStrings = Annotated[list[StopString], Field(max_length=OPENAI_STOP_STRINGS.count)]
 
 
 def bounded(name: str, default: Any = None, **overrides: Any) -> Any:
@@ -75,7 +76,7 @@ class SamplingFields(Strict):
     repetition_penalty: float | None = bounded("repetition_penalty")
     logit_bias: dict[TokenIdKey, Bias] | None = None
     seed: int | None = bounded("seed")
-    stop: NonEmpty | Annotated[list[NonEmpty], Field(max_length=MAX_STOP)] | None = None
+    stop: StopString | StopStrings | None = Field(None, description=OPENAI_STOP_STRINGS.allowed())
     n: int = Field(1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None

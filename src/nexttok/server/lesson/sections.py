@@ -35,6 +35,7 @@ from pydantic import Field
 
 from nexttok.generation.diff import diff_traces
 from nexttok.generation.loop import generate, prompt_ids_for
+from nexttok.generation.parameters import DRAFT_TOKENS_BOUND
 from nexttok.generation.sampling import SamplingParams
 from nexttok.generation.speculative import DRAFT_TOKENS, NgramDrafter, Refusal, Rounds, speculative_stream
 from nexttok.lesson import sections as lesson
@@ -101,7 +102,7 @@ class RepeatRequest(ModelRequest):
 class SpeculativeRequest(ModelRequest):
     prompt: str = Field(min_length=1, max_length=10_000)
     max_tokens: int = Field(48, ge=1, le=256)
-    draft_tokens: int = Field(DRAFT_TOKENS, ge=1, le=16, description="tokens the drafter proposes per round")
+    draft_tokens: int = Field(DRAFT_TOKENS, **DRAFT_TOKENS_BOUND.limits(), description=DRAFT_TOKENS_BOUND.meaning)
     temperature: float = bounded("temperature", 0.0, le=2.0)
     seed: int = bounded("seed", 0)
 
