@@ -256,3 +256,31 @@ def test_gguf_export_refuses_what_llama_cpp_cannot_hold(pairs, tmp_path):
     _, _, directory = pairs("qwen3_5")
     with pytest.raises(GGUFError, match="cannot hold a DeltaNet whose d_v differs from its d_k"):
         write_gguf(directory, tmp_path / "x.gguf", "F32")
+
+
+def test_qwen3_5s_tokenizer_keeps_combining_marks_with_their_letters_as_hfs(tmp_path):
+    """Qwen3.5's pre-tokenizer differs from Qwen2's in \\p{M}: a letter's combining marks (Devanagari's
+    vowel signs) stay in its word. HF's Qwen3_5Tokenizer writes it; ours reads that tokenizer.json and
+    encodes as HF's does; a GGUF's tokenizer.ggml.pre "qwen35" (llama.cpp's name) maps to the same."""
+    from transformers.models.qwen3_5 import tokenization_qwen3_5
+
+    from nexttok.checkpoints.gguf.tokenizer import PRE_TOKENIZERS
+    from nexttok.tokenizers.from_json import from_directory
+    from nexttok.tokenizers.tokenizer import bytes_to_unicode
+
+    by_byte = bytes_to_unicode()
+    vocab = {by_byte[b]: b for b in range(256)}
+    merges = []
+    for word in ("स्", "ते", "th"):  # a letter and its mark (virama, vowel sign) merge into one token
+        chars = "".join(by_byte[b] for b in word.encode())
+        merges += [m for m in ((chars[:i], chars[i]) for i in range(1, len(chars))) if m not in merges]
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    hf = tokenization_qwen3_5.Qwen3_5Tokenizer(vocab=vocab, merges=merges)
+    hf.save_pretrained(tmp_path)
+    ours = from_directory(tmp_path)
+    for text in ("नमस्ते दुनिया", "the q\u0301x, 12 thé", "don't\r\n  stop"):
+        assert ours.encode(text) == hf.encode(text, add_special_tokens=False), text
+    pre, normalizer = PRE_TOKENIZERS["qwen35"]
+    assert pre["pretokenizers"][0]["pattern"]["Regex"] == tokenization_qwen3_5.PRETOKENIZE_REGEX
+    assert normalizer == {"type": "NFC"}

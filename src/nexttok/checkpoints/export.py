@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from nexttok.checkpoints.gguf.metadata import GGUFError
-from nexttok.checkpoints.gguf.tokenizer import LLAMA3_PATTERN, QWEN2_PATTERN
+from nexttok.checkpoints.gguf.tokenizer import LLAMA3_PATTERN, QWEN2_PATTERN, QWEN35_PATTERN
 from nexttok.checkpoints.loading import load_model
 from nexttok.models.architecture import GGUFLayout
 from nexttok.models.config import ConfigError
@@ -200,7 +200,7 @@ def _pre_tokenizer(directory: Path) -> str:
     """llama.cpp's tokenizer.ggml.pre for the directory's tokenizer.json split pattern (GPT-2's by default)."""
     path = directory / "tokenizer.json"
     text = path.read_text(encoding="utf-8") if path.is_file() else ""
-    for pattern, name in ((LLAMA3_PATTERN, "llama-bpe"), (QWEN2_PATTERN, "qwen2")):
+    for pattern, name in ((LLAMA3_PATTERN, "llama-bpe"), (QWEN2_PATTERN, "qwen2"), (QWEN35_PATTERN, "qwen35")):
         if json.dumps(pattern)[1:-1] in text:
             return name
     return "gpt-2"
