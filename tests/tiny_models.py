@@ -15,6 +15,9 @@ PHI3_LONGROPE = dict(max_position_embeddings=64, original_max_position_embedding
     "rope_type": "longrope", "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
     "long_factor": [1.2, 1.9, 2.8, 4.0, 5.5, 7.3, 9.4, 12.0]})
 
+LINEAR_ATTENTION = dict(linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=8, linear_num_key_heads=2,
+                        linear_num_value_heads=4)
+
 # name -> (HF config class name, kwargs)
 SPECS = {
     "gpt2": ("GPT2Config", dict(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=128,
@@ -109,6 +112,20 @@ SPECS = {
         COMMON, num_hidden_layers=2, num_key_value_heads=2, head_dim=16, global_head_dim=32, sliding_window=6,
         hidden_size_per_layer_input=0, layer_types=["sliding_attention", "full_attention"],
         enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32)),
+    # gated DeltaNet (a recurrent state) between gated attention layers: Qwen3-Next with experts, a shared
+    # expert and a dense layer; Qwen3.5 dense (tied) and with experts; value heads twice the key heads,
+    # d_v apart from d_k, a quarter of each attention head rotated
+    "qwen3_next": ("Qwen3NextConfig", dict(
+        COMMON, num_hidden_layers=4, num_key_value_heads=2, head_dim=16, **LINEAR_ATTENTION,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+        mlp_only_layers=[2], eos_token_id=2, pad_token_id=0, bos_token_id=1)),
+    "qwen3_5": ("Qwen3_5TextConfig", dict(COMMON, num_hidden_layers=4, num_key_value_heads=1, head_dim=32,
+                                          **LINEAR_ATTENTION, tie_word_embeddings=True, eos_token_id=2)),
+    "qwen3_5_moe": ("Qwen3_5MoeTextConfig", dict(
+        {k: v for k, v in COMMON.items() if k != "intermediate_size"}, num_hidden_layers=4, num_key_value_heads=2,
+        head_dim=16, **LINEAR_ATTENTION, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=48, eos_token_id=2)),
     # mixtures of experts (models/moe.py): each family's router, a dense layer where the family has
     # them, and what else differs (shared experts, biases, sinks, windows, multipliers)
     "qwen3_moe": ("Qwen3MoeConfig", dict(
@@ -146,8 +163,14 @@ SPECS = {
         COMMON, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=2.0,
         residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=3.0)),
 }
+# variants that llama.cpp's GGUF holds (d_v = d_k; every Qwen3-Next layer with experts), which
+# tests/test_qwen3_next.py writes as GGUF (tests/test_models.py does not run them)
+VARIANTS = {
+    "qwen3_next_gguf": ("Qwen3NextConfig", dict(SPECS["qwen3_next"][1], linear_value_head_dim=16, mlp_only_layers=[])),
+    "qwen3_5_gguf": ("Qwen3_5TextConfig", dict(SPECS["qwen3_5"][1], linear_value_head_dim=16)),
+}
 # Gemma 4's router reports probabilities (not logits) and scales its weights per expert: tests/test_gemma4.py
-MOE = [name for name in SPECS if any(family in name for family in ("moe", "mixtral", "gpt_oss"))
+MOE = [name for name in SPECS if any(family in name for family in ("moe", "mixtral", "gpt_oss", "qwen3_next"))
        and not name.startswith("gemma4")]
 # one per family, each something llama.cpp's GGUF holds as is (tests/test_moe_gguf.py writes them as GGUF)
 GGUF_MOE = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gpt_oss", "glm4_moe", "granitemoe"]
@@ -164,7 +187,7 @@ def write_tiny(name: str, directory: Path, seed: int = 0, vocab_size: int | None
     import torch
     import transformers
 
-    cls_name, kwargs = SPECS[name]
+    cls_name, kwargs = SPECS[name] if name in SPECS else VARIANTS[name]
     if vocab_size:
         kwargs = {**kwargs, "vocab_size": vocab_size}
     config = getattr(transformers, cls_name)(**kwargs)

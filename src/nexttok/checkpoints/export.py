@@ -9,7 +9,8 @@ written back out by the family's registry entry (models/registry.py): GGUFLayout
 metadata keys (the inverse of GGUFLayout.config), GGUFLayout.tensors the names; fused projections
 are split into their parts again, stacked experts into llama.cpp's three 3-D tensors, the q/k
 rows (and biases) of Llama-style families interleaved as llama.cpp's converter does, Gemma's norms
-plus 1. Matrices are written in `kind` (F32, F16, BF16, or a block type the `gguf` package
+plus 1 (Qwen3-Next's too, its A_log as -exp(A_log), Qwen3.5's value heads tiled: GGUFLayout.values,
+.rearrange). Matrices are written in `kind` (F32, F16, BF16, or a block type the `gguf` package
 quantizes: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4) where their rows are whole blocks, as llama.cpp's
 converter does, and in F32 where not; norms, biases, sinks and the routers stay F32. The
 tokenizer must be byte-level BPE.
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 
 from nexttok.checkpoints.gguf.metadata import GGUFError
-from nexttok.checkpoints.gguf.tokenizer import LLAMA3_PATTERN, QWEN2_PATTERN
+from nexttok.checkpoints.gguf.tokenizer import LLAMA3_PATTERN, QWEN2_PATTERN, QWEN35_PATTERN
 from nexttok.checkpoints.loading import load_model
 from nexttok.models.architecture import GGUFLayout
 from nexttok.models.config import ConfigError
@@ -35,7 +36,8 @@ from nexttok.tokenizers.from_json import from_directory
 from nexttok.tokenizers.tokenizer import Tokenizer
 
 KINDS = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "MXFP4")
-KEPT_F32 = ("norm.weight", ".bias", "ffn_gate_inp.weight", "attn_sinks.weight", "exp_probs_b.bias")
+KEPT_F32 = ("norm.weight", ".bias", "ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "ssm_conv1d.weight",
+            "attn_sinks.weight", "exp_probs_b.bias")  # as llama.cpp's converter keeps them
 FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "BF16": 32, "MXFP4": 38}
 
 
@@ -85,7 +87,11 @@ def gguf_tensors(model: torch.nn.Module, layout: GGUFLayout) -> Iterator[tuple[s
             value = _permute(value, heads)
         if layout.norm_offset and ours.endswith("norm.weight"):
             value = value + layout.norm_offset
-        yield _gguf_name(ours, names, layout), np.ascontiguousarray(value.numpy())
+        array = value.numpy()
+        stored = next((fn for suffix, (_, fn) in layout.values.items() if ours.endswith(suffix)), None)
+        array = array if stored is None else stored(array)
+        array = array if layout.rearrange is None else layout.rearrange(ours, array, model.config)
+        yield _gguf_name(ours, names, layout), np.ascontiguousarray(array)
 
 
 def _checkpoint_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
@@ -195,7 +201,7 @@ def _pre_tokenizer(directory: Path) -> str:
     """llama.cpp's tokenizer.ggml.pre for the directory's tokenizer.json split pattern (GPT-2's by default)."""
     path = directory / "tokenizer.json"
     text = path.read_text(encoding="utf-8") if path.is_file() else ""
-    for pattern, name in ((LLAMA3_PATTERN, "llama-bpe"), (QWEN2_PATTERN, "qwen2")):
+    for pattern, name in ((LLAMA3_PATTERN, "llama-bpe"), (QWEN2_PATTERN, "qwen2"), (QWEN35_PATTERN, "qwen35")):
         if json.dumps(pattern)[1:-1] in text:
             return name
     return "gpt-2"

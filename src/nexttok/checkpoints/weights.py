@@ -173,7 +173,7 @@ def _read_whole(model, entry, index: _TensorIndex, stored: dict[str, str], name:
     if key is None or not (stacked or transform):
         return None
     tensor = _floating(index, key)
-    tensor = tensor if transform is None else transform(tensor)
+    tensor = tensor if transform is None else transform(tensor, model.config)
     if tuple(tensor.shape) != shape:
         raise CheckpointError(f"tensor {key!r} gives shape {tuple(tensor.shape)}, expected {shape} for this config")
     used.add(key)

@@ -67,7 +67,9 @@ class GGUFLayout:
     """How llama.cpp writes a family. tensors: llama.cpp's name -> ours, global ("output.weight")
     or per block ("attn_q.weight", under "blk.N."; ours under block + "N."). permuted: our names
     (suffixes) whose rows llama.cpp interleaves for its RoPE kernel (convert_hf_to_gguf permutes
-    Llama's q and k). norm_offset: what llama.cpp adds to every norm weight (Gemma's 1)."""
+    Llama's q and k). norm_offset: what llama.cpp adds to every norm weight (Gemma's 1). values: our
+    name suffix -> (the file's values -> ours, ours -> the file's), numpy arrays, for the float tensors
+    llama.cpp's converter stores as a function of HF's (Qwen3-Next's zero-centred norms as 1 + w)."""
 
     arch: str
     config: Callable[[GGUFMeta], dict]
@@ -75,6 +77,11 @@ class GGUFLayout:
     block: str = "model.layers."
     permuted: tuple[str, ...] = ()
     norm_offset: float = 0.0
+    values: Mapping[str, tuple[Callable, Callable]] = field(default_factory=dict)
+    # (our name, float32 array, config) -> the array as llama.cpp's converter writes it, for a family whose
+    # files order something otherwise than its checkpoints and the reader keeps the file's order (qwen35's
+    # value heads, tiled: config.linear_value_heads_tiled)
+    rearrange: Callable[[str, object, ModelConfig], object] | None = None
     hf_class: str = ""  # config.json's "architectures" entry for a checkpoint converted from the file
     metadata: Callable[[ModelConfig], dict] | None = None  # config -> "<arch>." keys: how checkpoints/export.py
     # writes the family (config's inverse); None where nexttok writes no GGUF of it
@@ -87,7 +94,8 @@ class Architecture:
     fields: Callable[[dict], dict]
     gguf: GGUFLayout | None = None
     renames: tuple[tuple[str, str], ...] = ()  # (checkpoint name part, ours), applied in order
-    transforms: Mapping[str, Callable[[torch.Tensor], torch.Tensor]] = field(default_factory=dict)
+    # (a tensor as stored, the config) -> ours
+    transforms: Mapping[str, Callable[[torch.Tensor, ModelConfig], torch.Tensor]] = field(default_factory=dict)
     unused: Callable[[str, int], bool] | None = None  # (checkpoint name, num_hidden_layers): left unread on purpose
     # config.json nests the text model's config under "text_config" (a multimodal checkpoint whose
     # text part nexttok runs: Gemma 4's); token ids and dtype at the top level win over the nested ones

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from nexttok.models.cache_protocol import Cache, ContextFull, StateRollback, storage_dtype  # noqa: F401 (theirs too)
-from nexttok.models.window_keys import WINDOW_CHUNK, WINDOW_SLACK, WindowKeys
+from nexttok.models.window_keys import WINDOW_CHUNK, WINDOW_SLACK, WindowKeys  # noqa: F401 (lesson reads them)
 
 
 class KVCache:
@@ -45,9 +45,7 @@ class KVCache:
         self.window_keys: dict[tuple[int, tuple[int, int]], WindowKeys] = {}
         for key in dict.fromkeys((w, shapes[layer]) for layer, w in sorted(self.windows.items())):
             members = [layer for layer, w in sorted(self.windows.items()) if (w, shapes[layer]) == key]
-            self.window_keys[key] = WindowKeys(key[0], members, batch, key[1][0],
-                                               min(max_len, key[0] + WINDOW_SLACK + WINDOW_CHUNK), key[1][1], dtype,
-                                               device)
+            self.window_keys[key] = WindowKeys(key[0], members, batch, key[1][0], max_len, key[1][1], dtype, device)
         self.shapes = list(shapes)
         shapes = [None if i in self.state_layers or i in self.windows else s for i, s in enumerate(shapes)]
         self.groups: list[tuple[torch.Tensor, torch.Tensor]] = []

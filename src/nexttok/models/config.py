@@ -24,9 +24,9 @@ ACTIVATIONS = ("silu", "swiglu_oai")  # the gated MLPs' (and experts') activatio
 
 
 # what a layer does with its context: attend over all of it, over a sliding window of it, or fold it
-# into a state of fixed size (a recurrent layer: LFM2's short convolutions)
-LAYER_TYPES = ("full_attention", "sliding_attention", "conv")
-RECURRENT_TYPES = ("conv",)
+# into a state of fixed size (a recurrent layer: LFM2's short convolutions, Qwen3-Next's gated DeltaNet)
+LAYER_TYPES = ("full_attention", "sliding_attention", "conv", "linear_attention")
+RECURRENT_TYPES = ("conv", "linear_attention")
 
 
 @dataclass
@@ -57,9 +57,17 @@ class ModelConfig:
     sliding_window: int | None = None
     layer_types: list[str] = field(default_factory=list)  # one of LAYER_TYPES per layer
     no_rope_layers: list[int] = field(default_factory=list)  # per layer 1: RoPE, 0: none (SmolLM3); []: all RoPE
-    # recurrent layers (layer_types "conv"): a short causal convolution over the last conv_kernel inputs (LFM2)
+    # recurrent layers (layer_types "conv"): a short causal convolution over the last conv_kernel inputs (LFM2);
+    # "linear_attention" (gated DeltaNet: Qwen3-Next, Qwen3.5) convolves its q, k, v over conv_kernel inputs too
     conv_kernel: int = 0
     conv_bias: bool = False
+    linear_num_key_heads: int = 0  # gated DeltaNet's q and k heads; each serves value heads / key heads v heads
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    # the value heads' order: grouped by the key head they share (HF's), or tiled (k0, k1, k0, k1, ...), as
+    # llama.cpp's qwen35 files store them
+    linear_value_heads_tiled: bool = False
     # mixture of experts (moe.py); num_experts 0: every layer's MLP is dense
     num_experts: int = 0
     num_experts_per_tok: int = 0
@@ -130,8 +138,12 @@ class ModelConfig:
         if bad:
             raise ConfigError(f"layer_types entries {sorted(bad)} are not supported "
                               f"(supported: {', '.join(LAYER_TYPES)})")
-        if "conv" in self.layer_types and (type(self.conv_kernel) is not int or self.conv_kernel < 2):
-            raise ConfigError(f"conv layers need a kernel of at least 2 inputs, got {self.conv_kernel!r}")
+        if {"conv", "linear_attention"} & set(self.layer_types) and (type(self.conv_kernel) is not int
+                                                                     or self.conv_kernel < 2):
+            raise ConfigError(f"conv and linear_attention layers need a kernel of at least 2 inputs, got "
+                              f"{self.conv_kernel!r}")
+        if "linear_attention" in self.layer_types:
+            self._validate_linear_attention()
         if "sliding_attention" in self.layer_types and not self.sliding_window:
             raise ConfigError("layer_types asks for sliding_attention but sliding_window is not set")
         if not (self.norm_eps > 0 and math.isfinite(self.norm_eps)):
@@ -149,6 +161,15 @@ class ModelConfig:
         self._validate_rotary()
         self._validate_experts()
         self._validate_layer_shapes()
+
+    def _validate_linear_attention(self) -> None:
+        for name in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim"):
+            value = getattr(self, name)
+            if type(value) is not int or value <= 0:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.linear_num_value_heads % self.linear_num_key_heads:
+            raise ConfigError(f"linear_num_value_heads ({self.linear_num_value_heads}) must be a multiple of "
+                              f"linear_num_key_heads ({self.linear_num_key_heads})")
 
     def _validate_rotary(self) -> None:
         if not (0 < self.partial_rotary_factor <= 1) or self.rotary_dim % 2 or not self.rotary_dim:

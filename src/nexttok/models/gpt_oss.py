@@ -50,20 +50,20 @@ def fields(hf: dict) -> dict:
             "swiglu_limit": positive_number(hf, "swiglu_limit", 7.0)}
 
 
-def _gate_up(w: torch.Tensor) -> torch.Tensor:
+def _gate_up(w: torch.Tensor, config: ModelConfig) -> torch.Tensor:
     """(E, hidden, 2·inner), gate and up columns interleaved -> (E, 2·inner, hidden), gate rows then up."""
     w = w.transpose(1, 2)
     return torch.cat((w[:, 0::2], w[:, 1::2]), dim=1)
 
 
-def _gate_up_bias(b: torch.Tensor) -> torch.Tensor:
+def _gate_up_bias(b: torch.Tensor, config: ModelConfig) -> torch.Tensor:
     """(E, 2·inner) interleaved -> gate then up."""
     return torch.cat((b[:, 0::2], b[:, 1::2]), dim=1)
 
 
 RENAMES = ((".mlp.router.", ".mlp.gate."),)
 TRANSFORMS = {"mlp.experts.gate_up_proj": _gate_up, "mlp.experts.gate_up_proj_bias": _gate_up_bias,
-              "mlp.experts.down_proj": lambda w: w.transpose(1, 2)}
+              "mlp.experts.down_proj": lambda w, config: w.transpose(1, 2)}
 
 def gguf_config(meta: GGUFMeta) -> dict:
     """llama.cpp's gpt-oss: expert_feed_forward_length is each expert's width; the layers slide as

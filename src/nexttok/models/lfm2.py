@@ -132,7 +132,8 @@ RENAMES = (  # Lfm2ForCausalLM's module names -> ours (its convolution's out_pro
     ("feed_forward.w3", "mlp.up_proj"), ("feed_forward.w2", "mlp.down_proj"), ("model.embedding_norm", "model.norm"),
 )
 
-TRANSFORMS = {".conv.conv.weight": lambda w: w.squeeze(1) if w.dim() == 3 else w}  # HF's Conv1d -> (hidden, kernel)
+# HF's Conv1d -> (hidden, kernel)
+TRANSFORMS = {".conv.conv.weight": lambda w, config: w.squeeze(1) if w.dim() == 3 else w}
 
 
 def gguf_config(meta: GGUFMeta) -> dict:

@@ -9,7 +9,8 @@
         renames     checkpoint tensor names -> ours, where the family's checkpoints name modules
                     otherwise (Mixtral's block_sparse_moe.experts.N.w1 -> mlp.experts.N.gate_proj)
         transforms  tensors stored in another layout than ours (gpt-oss's experts: transposed,
-                    gate and up interleaved), rearranged as they are read
+                    gate and up interleaved), rearranged as they are read (given the config:
+                    Qwen3-Next's projections interleave their parts per key head)
 
 Each family's file declares its entries (ARCHITECTURES at its end); adding a family is that file,
 one line in FAMILIES below, and a spec in tests/tiny_models.py. Everything else derives from
@@ -41,14 +42,15 @@ from nexttok.models import (
     olmoe,
     phi3,
     qwen3,
+    qwen3_next,
     qwen_moe,
     smollm3,
 )
 from nexttok.models.architecture import Architecture
 from nexttok.models.config import ConfigError, ModelConfig, eos_token_ids, optional_int
 
-FAMILIES = (gpt2, llama, qwen3, phi3, gemma3, gemma4, smollm3, olmo2, granite, exaone4, lfm2, qwen_moe, mixtral,
-            olmoe, gpt_oss, glm4_moe, granitemoe)
+FAMILIES = (gpt2, llama, qwen3, phi3, gemma3, gemma4, smollm3, olmo2, granite, exaone4, lfm2, qwen3_next, qwen_moe,
+            mixtral, olmoe, gpt_oss, glm4_moe, granitemoe)
 ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for family in FAMILIES for a in family.ARCHITECTURES}
 # the first family of each GGUF architecture reads its files (llama's config function says "mixtral"
 # where a llama file has experts)
@@ -56,6 +58,8 @@ GGUF_ARCHITECTURES: dict[str, Architecture] = {
     arch: next(a for a in ARCHITECTURES.values() if a.gguf is not None and a.gguf.arch == arch)
     for arch in dict.fromkeys(a.gguf.arch for a in ARCHITECTURES.values() if a.gguf is not None)}
 HINTS = {"gemma3": gemma3.MULTIMODAL}  # model_types that are not ours but close to one
+# multimodal checkpoints whose text model (config.json's text_config) we run: model_type -> the text model's
+TEXT_MODELS = {**qwen3_next.MULTIMODAL}
 
 
 def architecture(model_type) -> Architecture:
@@ -80,6 +84,7 @@ def from_hf_config(hf: dict) -> ModelConfig:
     """
     if not isinstance(hf, dict):
         raise ConfigError(f"config must be a JSON object, got {type(hf).__name__}")
+    hf = text_model(hf)
     model_type = hf.get("model_type")
     entry = architecture(model_type)
     if entry.text_config:
@@ -107,6 +112,21 @@ def text_config(hf: dict) -> dict:
     if not isinstance(nested, dict):
         raise ConfigError(f"config.json for {hf.get('model_type')} has no text_config object (the text model's config)")
     return {**nested, **{key: hf[key] for key in TOP_LEVEL if hf.get(key) is not None}}
+
+
+def text_model(hf: dict) -> dict:
+    """A multimodal config.json (TEXT_MODELS) as its text model's: text_config's keys over the
+    top level's (the token ids may be at either level), under the text model's model_type; but
+    tie_word_embeddings the top level's, as HF's multimodal model ties its lm_head by that."""
+    model_type = hf.get("model_type")
+    if model_type not in TEXT_MODELS:
+        return hf
+    text = hf.get("text_config")
+    if not isinstance(text, dict):
+        raise ConfigError(f"config.json for {model_type} has no text_config object")
+    tied = {"tie_word_embeddings": hf["tie_word_embeddings"]} if "tie_word_embeddings" in hf else {}
+    top = {k: v for k, v in hf.items() if k != "text_config"}
+    return {**top, **text, **tied, "model_type": TEXT_MODELS[model_type]}
 
 
 def read_config(directory: Path) -> ModelConfig:

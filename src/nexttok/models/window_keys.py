@@ -18,10 +18,10 @@ class WindowKeys:
     """The keys and values of the layers sharing one sliding window, for the last slots only: buffer
     index i holds slot base + i. lo: the first slot this call's queries may see (set per call)."""
 
-    def __init__(self, window: int, layers: list[int], batch: int, n_kv_heads: int, capacity: int, head_dim: int,
+    def __init__(self, window: int, layers: list[int], batch: int, n_kv_heads: int, max_len: int, head_dim: int,
                  dtype: torch.dtype, device):
         self.window, self.row = window, {layer: i for i, layer in enumerate(layers)}
-        shape = (len(layers), batch, n_kv_heads, capacity, head_dim)
+        shape = (len(layers), batch, n_kv_heads, min(max_len, window + WINDOW_SLACK + WINDOW_CHUNK), head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.base = self.lo = 0

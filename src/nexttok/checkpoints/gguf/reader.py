@@ -76,6 +76,8 @@ class GGUFFile:
                 raw, place = _unpermute(raw, heads[".q_proj." not in name]), None
             elif layout.norm_offset and name.endswith("norm.weight"):
                 (kind, raw), place = ("F32", _less(raw, entry, layout.norm_offset)), None
+            elif (values := next((fn for s, (fn, _) in layout.values.items() if name.endswith(s)), None)):
+                (kind, raw), place = ("F32", values(_floats(raw, entry))), None
             yield GGUFTensor(name, kind, entry.dims, raw, place)
 
 
@@ -118,9 +120,14 @@ class GGUFTensor:
 
 def _less(raw: np.ndarray, entry: TensorEntry, offset: float) -> np.ndarray:
     """A norm weight as HF stores it: llama.cpp's convert_hf_to_gguf added `offset` to it (Gemma's 1)."""
+    return _floats(raw, entry) - offset  # float32 whatever it was stored as: 1 + w in float16 lost bits already
+
+
+def _floats(raw: np.ndarray, entry: TensorEntry) -> np.ndarray:
+    """An F32/F16 tensor's values as float32 (GGUFError for another type: a norm or a rate kept as is)."""
     if entry.kind not in ("F32", "F16"):
-        raise GGUFError(f"GGUF norm tensor {entry.name!r} is {entry.kind}; norms are expected as F32 or F16")
-    return raw.astype("float32") - offset  # float32 whatever it was stored as: 1 + w in float16 lost bits already
+        raise GGUFError(f"GGUF tensor {entry.name!r} is {entry.kind}; expected F32 or F16")
+    return raw.astype("float32")
 
 
 def _raw(data: np.ndarray, entry: TensorEntry) -> np.ndarray:

@@ -20,13 +20,18 @@ from __future__ import annotations
 
 from nexttok.checkpoints.gguf.metadata import GGUFError
 
-# Llama 3's and Qwen2's Split patterns (as their tokenizer.json files write them)
+# Llama 3's, Qwen2's and Qwen3.5's Split patterns (as their tokenizer.json files write them; Qwen3.5's keeps
+# combining marks, \p{M}, with the letters before them)
 LLAMA3_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 QWEN2_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+QWEN35_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
@@ -50,6 +55,7 @@ PRE_TOKENIZERS: dict[str, tuple[dict, dict | None]] = {
     **{name: (_split(LLAMA3_PATTERN), None)
        for name in ("llama3", "llama-v3", "llama-bpe", "smaug-bpe", "dbrx")},
     **{name: (_split(QWEN2_PATTERN), {"type": "NFC"}) for name in ("qwen2", "deepseek-r1-qwen")},
+    "qwen35": (_split(QWEN35_PATTERN), {"type": "NFC"}),
 }
 
 SPACE = "\u2581"  # "▁"
