@@ -225,7 +225,7 @@ def test_routes_step_and_redraw(live):
     post = lambda path, body: httpx.post(server.url + path, json=body, timeout=60)  # noqa: E731
     table = httpx.get(server.url + "/explain/parameters", timeout=60).json()
     assert table["dials"]["top_p"] == PARAMETERS["top_p"].as_json() and table["dials"]["temperature"]["high"] is None
-    assert table["order"] == list(SamplingParams().order) and set(table) == {"dials", "order"}
+    assert table["order"] == list(SamplingParams().order) and set(table) == {"dials", "order", "stages"}
     key = post("/explain/sessions", {"prompt": "The capital of France is", "seed": 5}).json()["session"]
     first = post(f"/explain/sessions/{key}/step", {"temperature": 0.8, "top_k": 30}).json()
     dials = {"temperature": 1.2, "top_p": 0.7, "repetition_penalty": 1.6, "frequency_penalty": 0.4,

@@ -136,6 +136,14 @@ class Constraint:
             raise ValueError(f"token {token_id} is not allowed by the grammar: "
                              f"{_first_line(self.matcher.get_error())}")
 
+    def reset(self) -> None:
+        """Back to the grammar's start."""
+        self.matcher.reset()
+
+    def clone(self, uniforms=None) -> Constraint:
+        """An independent copy at the same point of the grammar."""
+        return Constraint(self.matcher.deep_copy(), self.vocab_size, self.description)
+
 
 def _first_line(error) -> str:
     return str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__

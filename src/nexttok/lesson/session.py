@@ -199,7 +199,7 @@ class ExplainSession:
         count the chain's building too)."""
         start = time.perf_counter()
         chain = SamplerChain.from_params(params, self.model.config.vocab_size, self.prompt_ids,
-                                         forward.logits.device, uniforms=self.uniforms)
+                                         forward.logits.device, uniforms=self.uniforms, tokenizer=self.tokenizer)
         for token in self.path(node.id):
             chain.accept(token)
         if not chain.greedy and node.draw is None:

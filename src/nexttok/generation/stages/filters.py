@@ -1,0 +1,119 @@
+"""Truncation filters: stages that set the tokens they cut to -inf (top-k, top-p, min-p).
+
+Each is stateless (the logits alone decide), and each keeps the most likely token, so a greedy
+chain skips them."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from nexttok.generation.stages.spec import NEG_INF, Bound, StageSpec, Stateless
+
+
+class TopK(Stateless):
+    """Keep the k highest logits (ties with the k-th are kept, as in HF)."""
+
+    name = "top_k"
+
+    def __init__(self, k: int):
+        self.k = k
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.k >= logits.shape[-1]:
+            return logits
+        kth = torch.topk(logits, self.k).values[-1]
+        return logits.masked_fill(logits < kth, NEG_INF)
+
+
+class TopP(Stateless):
+    """Nucleus: keep the most likely tokens whose probabilities reach p together.
+
+    TopP(0.3) on probabilities [0.9, 0, 0, 0.1] keeps only token 0.
+    """
+
+    name = "top_p"
+
+    def __init__(self, p: float):
+        self.p = p
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """HF's rule (sort ascending, drop the tail whose cumulative probability is <= 1 - p, never
+        the most likely token), sorting only what is left: after top_k that is k tokens, not the
+        vocabulary (a full sort of 49k floats takes torch 2.6 ms, of Qwen's 152k 10 ms)."""
+        alive = (logits > NEG_INF).nonzero()[:, 0]
+        if alive.numel() <= 1:
+            return logits
+        if alive.numel() == logits.shape[-1]:
+            return self._whole(logits)
+        sorted_logits, order = torch.sort(logits[alive], descending=False)
+        remove = sorted_logits.softmax(-1).cumsum(-1) <= 1 - self.p  # ascending: the tail first
+        remove[-1] = False
+        return logits.index_fill(0, alive[order[remove]], NEG_INF)
+
+    def _whole(self, logits: torch.Tensor) -> torch.Tensor:
+        """Every token alive: the cut is a probability, found by sorting values only (numpy's
+        vectorised sort, ~0.1 ms for 49k), so no token order is needed."""
+        probs = logits.softmax(-1)
+        sorted_probs = sort_values(probs)
+        cut = int((sorted_probs.cumsum(-1) <= 1 - self.p).sum())  # how many of the tail go
+        if cut == 0:
+            return logits
+        kept_min = sorted_probs[min(cut, probs.shape[-1] - 1)]
+        return logits.masked_fill(probs < kept_min, NEG_INF)
+
+
+def sort_values(values: torch.Tensor) -> torch.Tensor:
+    """values sorted ascending (numpy's sort on the CPU: 0.1 ms for 49k floats, torch's 2.6 ms)."""
+    if values.device.type != "cpu":
+        return torch.sort(values).values
+    return torch.from_numpy(np.sort(values.numpy()))
+
+
+class MinP(Stateless):
+    """Keep tokens at least min_p times as likely as the most likely one."""
+
+    name = "min_p"
+
+    def __init__(self, p: float):
+        self.p = p
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        probs = logits.softmax(-1)
+        return logits.masked_fill(probs < self.p * probs.max(), NEG_INF)
+
+
+TOP_K = StageSpec(
+    name="top_k",
+    settings={"top_k": Bound(0, 0, math.inf, "keep the k most likely tokens (ties with the k-th too); 0 = off",
+                             integer=True, dial_high=100)},
+    use="A fixed cap on the candidates (llama.cpp's default is 40); after it, the later filters work on "
+        "those k alone.",
+    active=lambda p: p.top_k > 0,
+    build=lambda p, context: TopK(p.top_k),
+)
+
+TOP_P = StageSpec(
+    name="top_p",
+    settings={"top_p": Bound(1.0, 0.0, 1.0, "nucleus: keep the most likely tokens whose probabilities reach p "
+                             "together; 1 = off", low_open=True)},
+    use="Nucleus sampling, OpenAI's knob: a cap that adapts, few candidates when the model is sure and "
+        "many when it is not.",
+    active=lambda p: p.top_p < 1,
+    build=lambda p, context: TopP(p.top_p),
+    on_kept=True,
+)
+
+MIN_P = StageSpec(
+    name="min_p",
+    settings={"min_p": Bound(0.0, 0.0, 1.0, "keep tokens at least min_p times as likely as the most likely one; "
+                             "0 = off")},
+    use="Cuts the long tail relative to the top token; popular with local models, and lets a high "
+        "temperature stay coherent.",
+    active=lambda p: p.min_p > 0,
+    build=lambda p, context: MinP(p.min_p),
+    on_kept=True,
+)
+
