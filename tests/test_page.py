@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from nexttok.generation.sampling import SamplerChain, SamplingParams
+from nexttok.generation.stages import DEFAULT_ORDER
 from nexttok.lesson import sections as lesson
 
 PROMPT = "The capital of France is"
@@ -158,10 +159,10 @@ def test_explainer_page(browser, live):
         if settings.get("top_k") == 3:
             assert page.locator("#table tbody tr.cut").count() >= 7  # top-k 3 cuts all but three rows
 
-    for _ in range(5):  # temperature first: ↑ five times
+    for _ in range(len(DEFAULT_ORDER) - 1):  # temperature first: ↑ once per stage before it
         page.click("#order li[data-stage=temperature] button")
     order = page.locator("#order li").evaluate_all("els => els.map(e => e.dataset.stage)")
-    assert order == ["temperature", "penalties", "logit_bias", "top_k", "top_p", "min_p"]
+    assert order == ["temperature", *(name for name in DEFAULT_ORDER if name != "temperature")]
     for value in (0.2, 0.4, 0.6, 0.8):  # quick moves: debounced, and only the last answer is shown
         _set_dial(page, "top_p", value)
     shown = _set_dials(page, {"temperature": 0.5, "top_p": 0.6, "repetition_penalty": 1.5})

@@ -9,7 +9,16 @@ setting's name (llama-server's, where it has the setting) to its bound; `spec_of
 that owns one, for a table of another API's names (Ollama's options, say) onto these.
 """
 
-from nexttok.generation.stages.filters import MIN_P, TOP_K, TOP_P, MinP, TopK, TopP
+from nexttok.generation.stages.filters import (
+    MIN_P,
+    TOP_K,
+    TOP_P,
+    TYPICAL_P,
+    MinP,
+    TopK,
+    TopP,
+    TypicalP,
+)
 from nexttok.generation.stages.penalties import LOGIT_BIAS, PENALTIES, History, LogitBias, Penalties, check_token_ids
 from nexttok.generation.stages.spec import (
     GREEDY_BELOW,
@@ -27,7 +36,7 @@ from nexttok.generation.stages.spec import (
 )
 from nexttok.generation.stages.temperature import TEMPERATURE, Temperature
 
-STAGES: tuple[StageSpec, ...] = (PENALTIES, LOGIT_BIAS, TOP_K, TOP_P, MIN_P, TEMPERATURE)
+STAGES: tuple[StageSpec, ...] = (PENALTIES, LOGIT_BIAS, TOP_K, TYPICAL_P, TOP_P, MIN_P, TEMPERATURE)
 ORDERED = {spec.name: spec for spec in STAGES if not spec.last}  # the stages `order` arranges
 STAGE_NAMES = tuple(ORDERED)
 DEFAULT_ORDER = STAGE_NAMES
@@ -42,7 +51,8 @@ def spec_of(setting: str) -> StageSpec:
 
 
 __all__ = [
-    "DEFAULT_ORDER", "GREEDY_BELOW", "NEG_INF", "ON_KEPT", "ORDERED", "SEED", "SETTINGS", "STAGES", "STAGE_NAMES",
-    "Bound", "ChainContext", "History", "LogitBias", "MinP", "Penalties", "Random", "Setting", "Stage", "StageSpec",
-    "Stateless", "Strings", "Temperature", "TokenBiases", "TopK", "TopP", "Uniforms", "check_token_ids", "spec_of",
+    "DEFAULT_ORDER", "GREEDY_BELOW", "NEG_INF", "ON_KEPT", "ORDERED", "SEED", "SETTINGS", "STAGES",
+    "STAGE_NAMES", "Bound", "ChainContext", "History", "LogitBias", "MinP", "Penalties",
+    "Random", "Setting", "Stage", "StageSpec", "Stateless", "Strings", "Temperature", "TokenBiases",
+    "TopK", "TopP", "TypicalP", "Uniforms", "check_token_ids", "spec_of",
 ]

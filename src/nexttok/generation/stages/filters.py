@@ -1,7 +1,8 @@
-"""Truncation filters: stages that set the tokens they cut to -inf (top-k, top-p, min-p).
+"""Truncation filters: stages that set the tokens they cut to -inf.
 
-Each is stateless (the logits alone decide), and each keeps the most likely token, so a greedy
-chain skips them."""
+Each is stateless (the logits alone decide; XTC's chance comes from the chain's seeded stream). The
+ones that always keep the most likely token (top-k, top-p, min-p, top-n-sigma) change nothing a
+greedy chain would pick, so it skips them; the ones that may cut it run there too (StageSpec.greedy)."""
 
 from __future__ import annotations
 
@@ -115,5 +116,57 @@ MIN_P = StageSpec(
     active=lambda p: p.min_p > 0,
     build=lambda p, context: MinP(p.min_p),
     on_kept=True,
+)
+
+
+def keep_only(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """logits with every token but ids set to -inf: keep_only([1., 2., 3.], [2]) == [-inf, -inf, 3.]."""
+    kept = torch.zeros_like(logits, dtype=torch.bool).index_fill_(0, ids, True)
+    return logits.masked_fill(~kept, NEG_INF)
+
+
+class TypicalP(Stateless):
+    """Locally typical sampling (Meister et al. 2022; llama.cpp's, HF's TypicalLogitsWarper): rank the
+    tokens by how far their surprise (-log p) is from the distribution's entropy, closest first, and
+    keep them in that order until they hold more than p together. It can cut the most likely token."""
+
+    name = "typical_p"
+
+    def __init__(self, p: float):
+        self.p = p
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        alive = (logits > NEG_INF).nonzero()[:, 0]
+        if alive.numel() <= 1:
+            return logits
+        logp = logits[alive].float().log_softmax(-1)
+        p = logp.exp()
+        entropy = -(p * logp).sum()
+        shifted = (-logp - entropy).abs()
+        order = ascending(shifted)  # the most typical first
+        last = int(torch.searchsorted(p[order].cumsum(-1), self.p, right=True)) + 1  # past p: the first over it
+        if last < order.numel() and shifted[order[last - 1]] == shifted[order[last]]:
+            order = ascending(shifted, stable=True)  # a tie at the cut: the equal ones in id order
+            last = int(torch.searchsorted(p[order].cumsum(-1), self.p, right=True)) + 1
+        return keep_only(logits, alive[order[:last]])
+
+
+def ascending(values: torch.Tensor, stable: bool = False) -> torch.Tensor:
+    """The indices that sort values ascending (stable: equal ones in place). On the CPU numpy's
+    argsort: 1.3 ms for 49k floats, 5 ms stable, where torch's stable sort takes ~30."""
+    if values.device.type != "cpu":
+        return torch.sort(values, stable=stable).indices
+    return torch.from_numpy(np.argsort(values.numpy(), kind="stable" if stable else None))
+
+
+TYPICAL_P = StageSpec(
+    name="typical_p",
+    settings={"typical_p": Bound(1.0, 0.0, 1.0, "locally typical: keep the tokens whose surprise is nearest the "
+                                 "entropy, until they hold p together; 1 = off", low_open=True)},
+    use="Keeps the tokens about as surprising as the model expects (not only the likeliest): natural text "
+        "that avoids both dull and odd words; Ollama's typical_p.",
+    active=lambda p: p.typical_p < 1,
+    build=lambda p, context: TypicalP(p.typical_p),
+    on_kept=True, greedy=True,
 )
 

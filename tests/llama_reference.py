@@ -1,0 +1,58 @@
+"""llama.cpp's samplers written out plainly from its rules (src/llama-sampler.cpp), as the reference the
+stages are tested against. Nothing here is shared with nexttok: plain Python floats (double), a
+candidate list the way llama.cpp keeps one (only the tokens still alive, sorted by logit, equal
+ones by id), loops instead of tensors.
+
+Each function takes logits as a list (float("-inf") for a token already cut) and returns the new
+list (cut tokens at -inf), or for the stateful samplers the new state with it."""
+
+from __future__ import annotations
+
+import math
+
+NEG_INF = float("-inf")
+
+
+def candidates(logits: list[float]) -> list[tuple[int, float, float]]:
+    """(id, logit, p) of the alive tokens, most likely first (equal ones by id), p the softmax."""
+    alive = sorted((i for i, x in enumerate(logits) if x > NEG_INF), key=lambda i: (-logits[i], i))
+    top = logits[alive[0]]
+    weights = [math.exp(logits[i] - top) for i in alive]
+    total = sum(weights)
+    return [(i, logits[i], w / total) for i, w in zip(alive, weights, strict=True)]
+
+
+def keep(logits: list[float], ids) -> list[float]:
+    ids = set(ids)
+    return [x if i in ids else NEG_INF for i, x in enumerate(logits)]
+
+
+def pick(logits: list[float], u: float) -> int:
+    """The inverse-CDF draw over the candidates, most likely first: the first whose cumulative
+    probability passes u."""
+    total = 0.0
+    cands = candidates(logits)
+    for i, _, p in cands:
+        total += p
+        if total > u:
+            return i
+    return cands[-1][0]
+
+
+def typical(logits: list[float], mass: float) -> list[float]:
+    """Sort by |-log p - entropy| (ascending, stable over the sorted candidates), keep until the
+    running sum of p first exceeds mass."""
+    cands = candidates(logits)
+    if mass >= 1:
+        return list(logits)
+    entropy = -sum(p * math.log(p) for _, _, p in cands if p > 0)
+    ranked = sorted(cands, key=lambda c: abs(-math.log(c[2]) - entropy) if c[2] > 0 else math.inf)
+    kept, total = [], 0.0
+    for i, _, p in ranked:
+        kept.append(i)
+        total += p
+        if total > mass:
+            break
+    return keep(logits, kept)
+
+

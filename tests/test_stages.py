@@ -1,0 +1,81 @@
+"""The stages llama.cpp, llama-server and Ollama users reach for beyond the first six, each against an
+independent reference in the same test: llama.cpp's rules written out plainly (llama_reference.py),
+llama.cpp's own test vectors (tests/test-sampling.cpp), and HF's TypicalLogitsWarper for typical-p."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import llama_reference as ref
+from nexttok.generation.sampling import SamplerChain, SamplingParams
+from nexttok.generation.stages import NEG_INF
+
+
+def _logits(probs) -> torch.Tensor:
+    return torch.tensor(probs, dtype=torch.float32).log()  # log(0) = -inf: cut from the start
+
+
+def _random(seed: int, size: int = 200, scale: float = 3.0, cut: int = 0) -> torch.Tensor:
+    """Random logits; `cut` of them already at -inf (as after an earlier filter)."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(size, generator=gen) * scale
+    if cut:
+        logits[torch.randperm(size, generator=gen)[:cut]] = NEG_INF
+    return logits
+
+
+def _kept(logits: torch.Tensor) -> list[int]:
+    return torch.nonzero(logits > NEG_INF).flatten().tolist()
+
+
+def _ref_kept(values: list[float]) -> list[int]:
+    return [i for i, x in enumerate(values) if x > NEG_INF]
+
+
+def _chain(vocab: int = 200, **settings) -> SamplerChain:
+    return SamplerChain.from_params(SamplingParams(**settings), vocab)
+
+
+def _probs(logits: torch.Tensor) -> list[float]:
+    return [round(p, 5) for p in logits.softmax(-1).tolist()]
+
+
+class Fixed:
+    """A random stream that always says u (XTC's chance in llama.cpp's vectors)."""
+
+    def __init__(self, u: float):
+        self.u = u
+
+    def next(self, purpose: str = "draw") -> float:
+        return self.u
+
+
+# -- typical-p --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("mass", [0.2, 0.5, 0.9, 0.99])
+def test_typical_p_against_llama_cpp_and_hf(seed, mass):
+    from transformers.generation.logits_process import TypicalLogitsWarper
+
+    from nexttok.generation.stages import TypicalP
+
+    logits = _random(seed, cut=60 if seed % 2 else 0)
+    ours = TypicalP(mass).apply(logits)
+    assert _kept(ours) == _ref_kept(ref.typical(logits.tolist(), mass))
+    hf = TypicalLogitsWarper(mass)(torch.zeros(1, 1, dtype=torch.long), logits[None].clone())[0]
+    torch.testing.assert_close(ours, hf)  # the kept logits untouched, the rest -inf
+
+
+def test_typical_p_llama_cpp_vectors_and_it_may_cut_the_top_token():
+    from nexttok.generation.stages import TypicalP
+
+    assert _kept(TypicalP(0.5).apply(_logits([0.97, 0.01, 0.01, 0.01]))) == [0]
+    assert _kept(TypicalP(0.5).apply(_logits([0.4, 0.2, 0.2, 0.2]))) == [1, 2, 3]
+    assert _kept(TypicalP(0.3).apply(_logits([0.25] * 4))) == [0, 1] == _ref_kept(ref.typical([0.0] * 4, 0.3))
+    # so it runs in a greedy chain too: temperature 0 takes the top of what typical-p kept
+    chain = _chain(4, temperature=0, typical_p=0.5)
+    assert [s.name for s in chain.stages] == ["typical_p"]
+    assert chain.sample(_logits([0.4, 0.2, 0.2, 0.2])).token_id == 1
+    assert _chain(4, typical_p=1.0).stages == []  # 1 = off: not built
