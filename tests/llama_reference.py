@@ -39,6 +39,16 @@ def pick(logits: list[float], u: float) -> int:
     return cands[-1][0]
 
 
+def top_n_sigma(logits: list[float], n: float) -> list[float]:
+    """Keep logits >= max - n * std over the alive ones (population std); n <= 0: nothing."""
+    alive = [x for x in logits if x != NEG_INF]
+    if n <= 0 or len(alive) <= 1:
+        return list(logits)
+    mean = sum(alive) / len(alive)
+    std = math.sqrt(sum((x - mean) ** 2 for x in alive) / len(alive))
+    return [x if x >= max(alive) - n * std else NEG_INF for x in logits]
+
+
 def typical(logits: list[float], mass: float) -> list[float]:
     """Sort by |-log p - entropy| (ascending, stable over the sorted candidates), keep until the
     running sum of p first exceeds mass."""

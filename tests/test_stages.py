@@ -79,3 +79,28 @@ def test_typical_p_llama_cpp_vectors_and_it_may_cut_the_top_token():
     assert [s.name for s in chain.stages] == ["typical_p"]
     assert chain.sample(_logits([0.4, 0.2, 0.2, 0.2])).token_id == 1
     assert _chain(4, typical_p=1.0).stages == []  # 1 = off: not built
+
+
+# -- top-n-sigma ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("n", [0.3, 1.0, 2.0])
+def test_top_n_sigma_against_llama_cpp(seed, n):
+    from nexttok.generation.stages import TopNSigma
+
+    logits = _random(seed, cut=60 if seed % 2 else 0)
+    ours = TopNSigma(n).apply(logits)
+    expected = ref.top_n_sigma(logits.tolist(), n)
+    assert _kept(ours) == _ref_kept(expected)
+    torch.testing.assert_close(ours, torch.tensor(expected, dtype=torch.float32))
+    assert _kept(TopNSigma(n).apply(logits / 0.4)) == _kept(ours)  # a cut on logits: temperature cannot move it
+
+
+def test_top_n_sigma_llama_cpp_vectors_and_off():
+    from nexttok.generation.stages import TopNSigma
+
+    assert _probs(TopNSigma(1.0).apply(_logits([0.1, 0.2, 0.3, 0.4]))) == [0.0, 0.0, 0.42857, 0.57143]
+    assert _kept(TopNSigma(3.0).apply(_logits([0.1, 0.2, 0.3, 0.4]))) == [0, 1, 2, 3]
+    assert _chain(4, top_n_sigma=0.0).stages == [] and _chain(4, top_n_sigma=-1.0).stages == []  # llama.cpp's off
+    assert _chain(4, temperature=0, top_n_sigma=1.0).stages == []  # it keeps the top token: a greedy chain skips it

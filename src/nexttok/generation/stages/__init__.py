@@ -12,10 +12,12 @@ that owns one, for a table of another API's names (Ollama's options, say) onto t
 from nexttok.generation.stages.filters import (
     MIN_P,
     TOP_K,
+    TOP_N_SIGMA,
     TOP_P,
     TYPICAL_P,
     MinP,
     TopK,
+    TopNSigma,
     TopP,
     TypicalP,
 )
@@ -36,7 +38,7 @@ from nexttok.generation.stages.spec import (
 )
 from nexttok.generation.stages.temperature import TEMPERATURE, Temperature
 
-STAGES: tuple[StageSpec, ...] = (PENALTIES, LOGIT_BIAS, TOP_K, TYPICAL_P, TOP_P, MIN_P, TEMPERATURE)
+STAGES: tuple[StageSpec, ...] = (PENALTIES, LOGIT_BIAS, TOP_N_SIGMA, TOP_K, TYPICAL_P, TOP_P, MIN_P, TEMPERATURE)
 ORDERED = {spec.name: spec for spec in STAGES if not spec.last}  # the stages `order` arranges
 STAGE_NAMES = tuple(ORDERED)
 DEFAULT_ORDER = STAGE_NAMES
@@ -54,5 +56,5 @@ __all__ = [
     "DEFAULT_ORDER", "GREEDY_BELOW", "NEG_INF", "ON_KEPT", "ORDERED", "SEED", "SETTINGS", "STAGES",
     "STAGE_NAMES", "Bound", "ChainContext", "History", "LogitBias", "MinP", "Penalties",
     "Random", "Setting", "Stage", "StageSpec", "Stateless", "Strings", "Temperature", "TokenBiases",
-    "TopK", "TopP", "TypicalP", "Uniforms", "check_token_ids", "spec_of",
+    "TopK", "TopNSigma", "TopP", "TypicalP", "Uniforms", "check_token_ids", "spec_of",
 ]

@@ -159,6 +159,23 @@ def ascending(values: torch.Tensor, stable: bool = False) -> torch.Tensor:
     return torch.from_numpy(np.argsort(values.numpy(), kind="stable" if stable else None))
 
 
+class TopNSigma(Stateless):
+    """Top-nσ (Tang et al. 2024): keep the tokens whose logit is within n standard deviations (over the
+    tokens still alive) of the largest; unlike a probability cut it ignores temperature."""
+
+    name = "top_n_sigma"
+
+    def __init__(self, n: float):
+        self.n = n
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        values = logits[logits > NEG_INF]
+        if values.numel() <= 1:
+            return logits
+        spread = values.std(correction=0)  # population deviation, as llama.cpp
+        return logits.masked_fill(logits < values.max() - self.n * spread, NEG_INF)
+
+
 TYPICAL_P = StageSpec(
     name="typical_p",
     settings={"typical_p": Bound(1.0, 0.0, 1.0, "locally typical: keep the tokens whose surprise is nearest the "
@@ -168,5 +185,16 @@ TYPICAL_P = StageSpec(
     active=lambda p: p.typical_p < 1,
     build=lambda p, context: TypicalP(p.typical_p),
     on_kept=True, greedy=True,
+)
+
+TOP_N_SIGMA = StageSpec(
+    name="top_n_sigma",
+    settings={"top_n_sigma": Bound(-1.0, -1.0, math.inf, "keep tokens whose logit is within n standard "
+                                   "deviations of the top one; <= 0 = off (llama.cpp's -1)", dial_high=5.0)},
+    use="A cut on the logits themselves, so it does not move with temperature: high temperatures stay "
+        "coherent (n around 1).",
+    active=lambda p: p.top_n_sigma > 0,
+    build=lambda p, context: TopNSigma(p.top_n_sigma),
+    on_kept=True,
 )
 
