@@ -49,6 +49,23 @@ def top_n_sigma(logits: list[float], n: float) -> list[float]:
     return [x if x >= max(alive) - n * std else NEG_INF for x in logits]
 
 
+def xtc(logits: list[float], probability: float, threshold: float, chance: float) -> list[float]:
+    """With chance <= probability: of the candidates with p >= threshold (a prefix of the sorted
+    list), all but the last are removed, when there are at least two."""
+    cands = candidates(logits)
+    if probability <= 0 or threshold > 0.5 or len(cands) < 2 or chance > probability:
+        return list(logits)
+    last = 0
+    for position, (_, _, p) in enumerate(cands):
+        if p >= threshold:
+            last = position
+        else:
+            break
+    if last == 0:
+        return list(logits)
+    return keep(logits, [i for i, _, _ in cands[last:]])
+
+
 def typical(logits: list[float], mass: float) -> list[float]:
     """Sort by |-log p - entropy| (ascending, stable over the sorted candidates), keep until the
     running sum of p first exceeds mass."""

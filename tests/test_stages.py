@@ -9,7 +9,7 @@ import torch
 
 import llama_reference as ref
 from nexttok.generation.sampling import SamplerChain, SamplingParams
-from nexttok.generation.stages import NEG_INF
+from nexttok.generation.stages import NEG_INF, Uniforms
 
 
 def _logits(probs) -> torch.Tensor:
@@ -104,3 +104,34 @@ def test_top_n_sigma_llama_cpp_vectors_and_off():
     assert _kept(TopNSigma(3.0).apply(_logits([0.1, 0.2, 0.3, 0.4]))) == [0, 1, 2, 3]
     assert _chain(4, top_n_sigma=0.0).stages == [] and _chain(4, top_n_sigma=-1.0).stages == []  # llama.cpp's off
     assert _chain(4, temperature=0, top_n_sigma=1.0).stages == []  # it keeps the top token: a greedy chain skips it
+
+
+# -- XTC --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("threshold", [0.05, 0.1, 0.2])
+def test_xtc_against_llama_cpp_with_the_chance_from_the_seeded_stream(seed, threshold):
+    """The chain's XTC takes each step's chance from the same seeded stream as the draw: the
+    reference is handed the numbers of a stream with that seed."""
+    chain = _chain(50, xtc_probability=0.5, xtc_threshold=threshold, seed=seed)
+    stream, fired = Uniforms(seed), 0
+    for step in range(30):
+        row = _random(seed * 100 + step, size=50, scale=2.5)
+        ours = chain.apply(row)
+        expected = ref.xtc(row.tolist(), 0.5, threshold, stream.next())
+        assert _kept(ours) == _ref_kept(expected), step
+        fired += _kept(ours) != _kept(row)
+    assert 0 < fired < 30
+
+
+def test_xtc_llama_cpp_vectors():
+    from nexttok.generation.stages import XTC
+
+    probs = [0.4, 0.3, 0.2, 0.1]
+    for threshold, kept in [(0.09, [3]), (0.19, [2, 3]), (0.29, [1, 2, 3]), (0.39, [0, 1, 2, 3])]:
+        assert _kept(XTC(0.99, threshold, Fixed(0.0)).apply(_logits(probs))) == kept
+    assert _kept(XTC(0.5, 0.09, Fixed(0.6)).apply(_logits(probs))) == [0, 1, 2, 3]  # not this step
+    assert _chain(4, xtc_probability=0.5, xtc_threshold=0.6).stages == []  # > 0.5: llama.cpp's off
+    greedy = _chain(4, temperature=0, xtc_probability=1.0, xtc_threshold=0.1, seed=0)
+    assert greedy.sample(_logits(probs)).token_id == 3  # it cuts the top tokens: greedy takes what is left

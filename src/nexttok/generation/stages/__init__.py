@@ -15,6 +15,8 @@ from nexttok.generation.stages.filters import (
     TOP_N_SIGMA,
     TOP_P,
     TYPICAL_P,
+    XTC,
+    XTC_SPEC,
     MinP,
     TopK,
     TopNSigma,
@@ -38,7 +40,8 @@ from nexttok.generation.stages.spec import (
 )
 from nexttok.generation.stages.temperature import TEMPERATURE, Temperature
 
-STAGES: tuple[StageSpec, ...] = (PENALTIES, LOGIT_BIAS, TOP_N_SIGMA, TOP_K, TYPICAL_P, TOP_P, MIN_P, TEMPERATURE)
+STAGES: tuple[StageSpec, ...] = (PENALTIES, LOGIT_BIAS, TOP_N_SIGMA, TOP_K, TYPICAL_P, TOP_P, MIN_P, XTC_SPEC,
+                                 TEMPERATURE)
 ORDERED = {spec.name: spec for spec in STAGES if not spec.last}  # the stages `order` arranges
 STAGE_NAMES = tuple(ORDERED)
 DEFAULT_ORDER = STAGE_NAMES
@@ -54,7 +57,7 @@ def spec_of(setting: str) -> StageSpec:
 
 __all__ = [
     "DEFAULT_ORDER", "GREEDY_BELOW", "NEG_INF", "ON_KEPT", "ORDERED", "SEED", "SETTINGS", "STAGES",
-    "STAGE_NAMES", "Bound", "ChainContext", "History", "LogitBias", "MinP", "Penalties",
+    "STAGE_NAMES", "XTC", "Bound", "ChainContext", "History", "LogitBias", "MinP", "Penalties",
     "Random", "Setting", "Stage", "StageSpec", "Stateless", "Strings", "Temperature", "TokenBiases",
     "TopK", "TopNSigma", "TopP", "TypicalP", "Uniforms", "check_token_ids", "spec_of",
 ]

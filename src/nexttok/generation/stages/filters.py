@@ -176,6 +176,44 @@ class TopNSigma(Stateless):
         return logits.masked_fill(logits < values.max() - self.n * spread, NEG_INF)
 
 
+class XTC:
+    """Exclude Top Choices (llama.cpp's XTC): with chance `probability` per step (a number from the
+    draw's seeded stream), every token at least `threshold` likely is cut except the least likely of
+    them, so the text takes a less obvious (still plausible) turn. Two or more must pass the threshold."""
+
+    name = "xtc"
+
+    def __init__(self, probability: float, threshold: float, uniforms):
+        self.probability, self.threshold, self.uniforms = probability, threshold, uniforms
+        self.note = ""
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        if int((logits > NEG_INF).sum()) < 2:
+            self.note = "one token left: nothing drawn"
+            return logits
+        chance = self.uniforms.next("xtc")
+        if chance > self.probability:
+            self.note = f"chance {chance:.3f} > {self.probability:g}: not this step"
+            return logits
+        probs = logits.softmax(-1)
+        above = (probs >= self.threshold).nonzero()[:, 0]
+        if above.numel() < 2:
+            self.note = f"chance {chance:.3f}: fewer than two tokens at p >= {self.threshold:g}"
+            return logits
+        ranked = above[torch.sort(probs[above], descending=True, stable=True).indices]  # equal ones by id
+        self.note = f"chance {chance:.3f} <= {self.probability:g}: cut {above.numel() - 1} top tokens"
+        return logits.index_fill(0, ranked[:-1], NEG_INF)  # all but the least likely of them
+
+    def accept(self, token_id: int) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+    def clone(self, uniforms) -> XTC:
+        return XTC(self.probability, self.threshold, uniforms)
+
+
 TYPICAL_P = StageSpec(
     name="typical_p",
     settings={"typical_p": Bound(1.0, 0.0, 1.0, "locally typical: keep the tokens whose surprise is nearest the "
@@ -198,3 +236,15 @@ TOP_N_SIGMA = StageSpec(
     on_kept=True,
 )
 
+XTC_SPEC = StageSpec(
+    name="xtc",
+    settings={"xtc_probability": Bound(0.0, 0.0, 1.0, "XTC: the chance per step that the top choices are "
+                                       "excluded; 0 = off"),
+              "xtc_threshold": Bound(0.1, 0.0, 1.0, "XTC: tokens at least this likely are the top choices "
+                                     "(all but the least likely of them are cut); > 0.5 = off")},
+    use="For variety in creative writing: now and then the most obvious continuations are removed, "
+        "so the text avoids clichés while staying on track.",
+    active=lambda p: p.xtc_probability > 0 and p.xtc_threshold <= 0.5,
+    build=lambda p, context: XTC(p.xtc_probability, p.xtc_threshold, context.uniforms),
+    on_kept=True, greedy=True, needs=frozenset({"random"}),
+)
