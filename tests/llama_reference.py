@@ -83,3 +83,19 @@ def typical(logits: list[float], mass: float) -> list[float]:
     return keep(logits, kept)
 
 
+def dynamic_temperature(logits: list[float], temp: float, delta: float, exponent: float) -> list[float]:
+    """temp_ext: with delta > 0 the temperature is min + (max - min) * (H / log n) ** exponent over
+    the n candidates (one candidate: unchanged); a temperature <= 0 keeps the top token alone."""
+    if delta <= 0:
+        return [x / temp for x in logits]
+    cands = candidates(logits)
+    if len(cands) <= 1:
+        return list(logits)
+    low, high = max(0.0, temp - delta), temp + delta
+    entropy = -sum(p * math.log(p) for _, _, p in cands if p > 0)
+    t = low + (high - low) * (entropy / math.log(len(cands))) ** exponent
+    if t <= 0:
+        return keep(logits, [cands[0][0]])
+    return [x / t for x in logits]
+
+

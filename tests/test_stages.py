@@ -135,3 +135,27 @@ def test_xtc_llama_cpp_vectors():
     assert _chain(4, xtc_probability=0.5, xtc_threshold=0.6).stages == []  # > 0.5: llama.cpp's off
     greedy = _chain(4, temperature=0, xtc_probability=1.0, xtc_threshold=0.1, seed=0)
     assert greedy.sample(_logits(probs)).token_id == 3  # it cuts the top tokens: greedy takes what is left
+
+
+# -- dynamic temperature ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("t,delta,exponent", [(0.8, 0.5, 1.0), (1.0, 1.5, 2.0), (0.3, 0.3, 0.5), (0.7, 0.0, 1.0)])
+def test_dynamic_temperature_against_llama_cpp(seed, t, delta, exponent):
+    from nexttok.generation.stages import Temperature
+
+    logits = _random(seed, cut=60 if seed % 2 else 0)
+    ours = Temperature(t, delta, exponent).apply(logits)
+    expected = torch.tensor(ref.dynamic_temperature(logits.tolist(), t, delta, exponent), dtype=torch.float32)
+    torch.testing.assert_close(ours, expected)
+
+
+def test_dynamic_temperature_cools_sure_steps_and_heats_open_ones():
+    from nexttok.generation.stages import Temperature
+
+    stage = Temperature(1.0, 0.5, 1.0)
+    sure, flat = _logits([0.97, 0.01, 0.01, 0.01]), torch.zeros(4)
+    assert stage.apply(flat).tolist() == (flat / 1.5).tolist()  # entropy at its most: temperature + range
+    assert float(stage.apply(sure).softmax(-1)[0]) > 0.97  # low entropy: below 1, sharper
+    assert [s.name for s in _chain(4, dynatemp_range=0.5).stages] == ["temperature"]  # built at temperature 1
