@@ -99,3 +99,40 @@ def dynamic_temperature(logits: list[float], temp: float, delta: float, exponent
     return [x / t for x in logits]
 
 
+def mirostat_v1(logits: list[float], mu: float, tau: float, eta: float, n_vocab: int, u: float,
+                m: int = 100) -> tuple[int, float, list[float]]:
+    """One step: s_hat from the top m, k, keep the top k, draw with u, mu -= eta * (surprise - tau).
+    Returns (token, new mu, the kept logits)."""
+    cands = candidates(logits)
+    sum_tb = sum_tt = 0.0
+    for i in range(min(m - 1, len(cands) - 1)):
+        t = math.log((i + 2) / (i + 1))
+        b = math.log(cands[i][2] / cands[i + 1][2])
+        sum_tb += t * b
+        sum_tt += t * t
+    s_hat = sum_tb / sum_tt
+    epsilon = s_hat - 1
+    k = ((epsilon * 2**mu) / (1 - n_vocab ** (-epsilon))) ** (1 / s_hat)
+    kept = keep(logits, [i for i, _, _ in cands[: max(int(k), 1)]])
+    return _mirostat_draw(kept, mu, tau, eta, u)
+
+
+def mirostat_v2(logits: list[float], mu: float, tau: float, eta: float, u: float) -> tuple[int, float, list[float]]:
+    """One step: keep the sorted prefix whose surprise -log2 p is at most mu (at least one), draw with
+    u, mu -= eta * (surprise - tau)."""
+    cands = candidates(logits)
+    prefix = []
+    for i, _, p in cands:
+        if -math.log2(p) > mu:
+            break
+        prefix.append(i)
+    kept = keep(logits, prefix or [cands[0][0]])
+    return _mirostat_draw(kept, mu, tau, eta, u)
+
+
+def _mirostat_draw(kept: list[float], mu: float, tau: float, eta: float, u: float) -> tuple[int, float, list[float]]:
+    token = pick(kept, u)
+    p = dict((i, p) for i, _, p in candidates(kept))[token]
+    return token, mu - eta * (-math.log2(p) - tau), kept
+
+

@@ -159,3 +159,50 @@ def test_dynamic_temperature_cools_sure_steps_and_heats_open_ones():
     assert stage.apply(flat).tolist() == (flat / 1.5).tolist()  # entropy at its most: temperature + range
     assert float(stage.apply(sure).softmax(-1)[0]) > 0.97  # low entropy: below 1, sharper
     assert [s.name for s in _chain(4, dynatemp_range=0.5).stages] == ["temperature"]  # built at temperature 1
+
+
+# -- Mirostat ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("seed", range(3))
+def test_mirostat_against_llama_cpp_step_by_step(version, seed):
+    """40 steps: the chain's token and what Mirostat kept equal llama.cpp's rules fed the chain's own
+    draws, and mu follows, advanced by each accepted token."""
+    vocab, tau, eta = 500, 3.0, 0.1
+    chain = _chain(vocab, mirostat=version, mirostat_tau=tau, mirostat_eta=eta, temperature=0.8, top_k=40,
+                   top_p=0.9, seed=seed)
+    assert [s.name for s in chain.stages] == ["temperature", "mirostat"]  # as llama.cpp: the filters give way
+    mu = 2 * tau
+    for step in range(40):
+        logits = _random(seed * 1000 + step, size=vocab, scale=2.0 + step % 3)
+        chosen = chain.sample(logits)
+        tempered = (logits / 0.8).tolist()
+        if version == 1:
+            token, mu, kept = ref.mirostat_v1(tempered, mu, tau, eta, vocab, chosen.draw)
+        else:
+            token, mu, kept = ref.mirostat_v2(tempered, mu, tau, eta, chosen.draw)
+        assert chosen.token_id == token and _kept(chosen.logits) == _ref_kept(kept), step
+        chain.accept(chosen.token_id)
+        assert chain.stages[-1].mu == pytest.approx(mu, abs=1e-4)
+
+
+def _walk(chain: SamplerChain, rows: list[torch.Tensor]) -> list[int]:
+    """Sample and accept a token per row."""
+    tokens = []
+    for row in rows:
+        tokens.append(chain.sample(row).token_id)
+        chain.accept(tokens[-1])
+    return tokens
+
+
+def test_mirostat_state_is_cloned_and_reset():
+    rows = [_random(k, size=300) for k in range(12)]
+    chain = _chain(300, mirostat=2, mirostat_tau=4.0, seed=3)
+    first = _walk(chain, rows[:6])
+    copy = chain.clone()
+    assert _walk(chain, rows[6:]) == _walk(copy, rows[6:])  # the clone goes on as the chain does
+    assert copy.stages[-1].mu == chain.stages[-1].mu != 8.0
+    chain.reset()
+    assert chain.stages[-1].mu == 8.0 and _walk(chain, rows[:6]) == first  # and the stream back to its seed
+    assert _chain(300, temperature=0, mirostat=1).stages == []  # greedy: nothing to steer

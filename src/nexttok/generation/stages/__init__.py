@@ -38,10 +38,10 @@ from nexttok.generation.stages.spec import (
     TokenBiases,
     Uniforms,
 )
-from nexttok.generation.stages.temperature import TEMPERATURE, Temperature
+from nexttok.generation.stages.temperature import MIROSTAT, TEMPERATURE, Mirostat, Temperature
 
 STAGES: tuple[StageSpec, ...] = (PENALTIES, LOGIT_BIAS, TOP_N_SIGMA, TOP_K, TYPICAL_P, TOP_P, MIN_P, XTC_SPEC,
-                                 TEMPERATURE)
+                                 TEMPERATURE, MIROSTAT)
 ORDERED = {spec.name: spec for spec in STAGES if not spec.last}  # the stages `order` arranges
 STAGE_NAMES = tuple(ORDERED)
 DEFAULT_ORDER = STAGE_NAMES
@@ -57,7 +57,7 @@ def spec_of(setting: str) -> StageSpec:
 
 __all__ = [
     "DEFAULT_ORDER", "GREEDY_BELOW", "NEG_INF", "ON_KEPT", "ORDERED", "SEED", "SETTINGS", "STAGES",
-    "STAGE_NAMES", "XTC", "Bound", "ChainContext", "History", "LogitBias", "MinP", "Penalties",
+    "STAGE_NAMES", "XTC", "Bound", "ChainContext", "History", "LogitBias", "MinP", "Mirostat", "Penalties",
     "Random", "Setting", "Stage", "StageSpec", "Stateless", "Strings", "Temperature", "TokenBiases",
     "TopK", "TopNSigma", "TopP", "TypicalP", "Uniforms", "check_token_ids", "spec_of",
 ]
