@@ -136,3 +136,62 @@ def _mirostat_draw(kept: list[float], mu: float, tau: float, eta: float, u: floa
     return token, mu - eta * (-math.log2(p) - tau), kept
 
 
+def dry(logits: list[float], context: list[int], multiplier: float, base: float, allowed: int, last_n: int,
+        breakers: dict[int, list[tuple[int, ...]]]) -> list[float]:
+    """DRY as its rules read. Within the last last_n tokens of the context (-1: all): a repetition may
+    not reach back past the end of the nearest sequence breaker (a head token and the tail that
+    follows it). For every earlier position j, the longest n such that the n tokens ending at j equal
+    the last n tokens (at most that limit): when n >= allowed, the token after j would extend a
+    repeat of length n, and its logit loses multiplier * base ** (n - allowed) for the longest such
+    n, unless that token is itself a one-token breaker."""
+    window = context[-last_n:] if last_n > 0 else list(context)
+    size = len(window)
+    out = list(logits)
+    if multiplier == 0 or base < 1 or last_n == 0 or size <= allowed:
+        return out
+    limit = size
+    for back in range(size):  # the nearest breaker, scanning from the end
+        head = size - 1 - back
+        lengths = [len(t) for t in breakers.get(window[head], []) if len(t) <= back
+                   and all(window[head + 1 + o] == t[o] for o in range(len(t)))]
+        if lengths:
+            limit = back - max(lengths)
+            break
+    if limit < allowed:
+        return out
+    longest: dict[int, int] = {}
+    for j in range(size - 1):
+        n = 0
+        while n <= j and window[j - n] == window[size - 1 - n]:
+            n += 1
+        n = min(n, limit)
+        if n >= allowed:
+            token = window[j + 1]
+            longest[token] = max(longest.get(token, 0), n)
+    cap = int(88.7228391 / math.log(base)) if base > 1.000001 else 0
+    for token, n in longest.items():
+        if () in breakers.get(token, []):
+            continue
+        exponent = n - allowed if not cap or n - allowed <= cap else cap
+        out[token] = logits[token] - multiplier * base**exponent
+    return out
+
+
+def breaker_sequences(words: list[bytes], breaker: bytes, tokenize, max_tail: int = 20) -> dict[int, list[tuple]]:
+    """llama.cpp's get_overlapping_token_sequences over a whole vocabulary: a token whose text holds
+    the breaker is a one-token breaker (tail ()); a token whose text ends with the breaker's first
+    i bytes (i < its length) heads a sequence whose tail is the tokenization of the rest."""
+    found: dict[int, list[tuple]] = {}
+    for token, word in enumerate(words):
+        if breaker in word:
+            found.setdefault(token, []).append(())
+            continue
+        for position in range(len(word)):
+            if word[position] != breaker[0]:
+                continue
+            rest = word[position:]
+            if breaker.startswith(rest):
+                tail = tuple(tokenize(breaker[len(rest):])[:max_tail])
+                if tail not in found.get(token, []):
+                    found.setdefault(token, []).append(tail)
+    return found

@@ -206,3 +206,79 @@ def test_mirostat_state_is_cloned_and_reset():
     chain.reset()
     assert chain.stages[-1].mu == 8.0 and _walk(chain, rows[:6]) == first  # and the stream back to its seed
     assert _chain(300, temperature=0, mirostat=1).stages == []  # greedy: nothing to steer
+
+
+# -- DRY --------------------------------------------------------------------------------------------
+
+# llama.cpp's test_dry cases: probabilities, tokens seen, expected probabilities, multiplier, base,
+# allowed length, last n, breakers (token sequences)
+DRY_VECTORS = [
+    ([0.25] * 4, [0, 1], [0.25] * 4, 1.0, 1.1, 2, 4, []),
+    ([0.25] * 4, [0, 1, 2, 0, 1], [0.296923, 0.296923, 0.109232, 0.296923], 1.0, 1.1, 2, 5, []),
+    ([0.2] * 5, [0, 1, 3, 4, 0, 1], [0.2] * 5, 1.0, 1.1, 2, 6, [[3]]),
+    ([0.2] * 5, [0, 1, 2, 0, 1], [0.241818, 0.241818, 0.032727, 0.241818, 0.241818], 2.0, 1.1, 2, 5, []),
+    ([0.2] * 5, [0, 1, 2, 3, 4, 0, 1], [0.2] * 5, 1.0, 1.1, 4, 7, []),
+]
+
+
+@pytest.mark.parametrize("probs,seen,expected,multiplier,base,allowed,last_n,breakers", DRY_VECTORS)
+def test_dry_llama_cpp_vectors(probs, seen, expected, multiplier, base, allowed, last_n, breakers):
+    from nexttok.generation.stages.dry import DRY, TokenBreakers
+
+    stage = DRY(multiplier, base, allowed, last_n, TokenBreakers(breakers))
+    for token in seen:
+        stage.accept(token)
+    assert stage.apply(_logits(probs)).softmax(-1).tolist() == pytest.approx(expected, abs=1e-5)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_dry_against_its_rules_written_plainly(seed):
+    from nexttok.generation.stages.dry import DRY, TokenBreakers
+
+    gen = torch.Generator().manual_seed(seed)
+    alphabet = 4 + seed % 4
+    context = torch.randint(0, alphabet, (int(torch.randint(5, 90, (), generator=gen)),), generator=gen).tolist()
+    breakers = [torch.randint(0, alphabet, (int(n),), generator=gen).tolist()
+                for n in torch.randint(1, 4, (seed % 3,), generator=gen)]
+    multiplier, base = 0.5 + seed % 3, [1.1, 1.75, 3.0][seed % 3]
+    allowed, last_n = seed % 4, [-1, 12, 64][seed % 3]
+    stage = DRY(multiplier, base, allowed, last_n, TokenBreakers(breakers), prompt_ids=context[:7])
+    for token in context[7:]:
+        stage.accept(token)
+    logits = _random(seed, size=alphabet + 2)
+    table: dict[int, list[tuple]] = {}
+    for sequence in breakers:
+        table.setdefault(sequence[0], []).append(tuple(sequence[1:]))
+    expected = ref.dry(logits.tolist(), context, multiplier, base, allowed, last_n, table)
+    torch.testing.assert_close(stage.apply(logits), torch.tensor(expected, dtype=torch.float32))
+
+
+def test_dry_text_breakers_are_llama_cpps_token_sequences(gpt2):
+    """Breakers as text become, token by token, the sequences llama.cpp's
+    get_overlapping_token_sequences finds over the whole vocabulary."""
+    from nexttok.generation.stages.dry import TextBreakers
+
+    words = [gpt2.decode_bytes([i]) for i in range(gpt2.vocab_size)]
+    tokenize = lambda rest: gpt2.encode(rest.decode("utf-8"), allow_special=False)  # noqa: E731
+    others = torch.randint(0, gpt2.vocab_size, (300,), generator=torch.Generator().manual_seed(0)).tolist()
+    for breaker in ["\n", ":", "User:", " the end"]:
+        expected = ref.breaker_sequences(words, breaker.encode(), tokenize)
+        ours = TextBreakers([breaker], gpt2)
+        assert len(expected) > 1
+        for token in [*expected, *others]:
+            assert sorted(ours.tails(token)) == sorted(expected.get(token, [])), (breaker, token)
+
+
+def test_dry_in_a_chain_with_the_tokenizer(gpt2):
+    """' a b c a b': DRY makes ' c' (what would extend the repeat of ' a b') costly; a breaker inside
+    the repeat (' a b c a\\n b') leaves it too short to count."""
+    ids = gpt2.encode(" a b c a b")
+    logits = torch.zeros(gpt2.vocab_size)
+    c = gpt2.encode(" c")[0]
+    params = SamplingParams(dry_multiplier=1.0, dry_allowed_length=2, seed=0)
+    chain = SamplerChain.from_params(params, gpt2.vocab_size, ids, tokenizer=gpt2)
+    assert [s.name for s in chain.stages] == ["dry"] and float(chain.apply(logits)[c]) == pytest.approx(-1.0)
+    broken = SamplerChain.from_params(params, gpt2.vocab_size, gpt2.encode(" a b c a\n b"), tokenizer=gpt2)
+    assert float(broken.apply(logits)[c]) == 0.0
+    with pytest.raises(ValueError, match="DRY's sequence breakers are text: the chain needs the model's tokenizer"):
+        SamplerChain.from_params(params, gpt2.vocab_size, ids)

@@ -9,6 +9,7 @@ setting's name (llama-server's, where it has the setting) to its bound; `spec_of
 that owns one, for a table of another API's names (Ollama's options, say) onto these.
 """
 
+from nexttok.generation.stages.dry import DRY, DRY_SPEC, TextBreakers, TokenBreakers
 from nexttok.generation.stages.filters import (
     MIN_P,
     TOP_K,
@@ -40,7 +41,7 @@ from nexttok.generation.stages.spec import (
 )
 from nexttok.generation.stages.temperature import MIROSTAT, TEMPERATURE, Mirostat, Temperature
 
-STAGES: tuple[StageSpec, ...] = (PENALTIES, LOGIT_BIAS, TOP_N_SIGMA, TOP_K, TYPICAL_P, TOP_P, MIN_P, XTC_SPEC,
+STAGES: tuple[StageSpec, ...] = (PENALTIES, DRY_SPEC, LOGIT_BIAS, TOP_N_SIGMA, TOP_K, TYPICAL_P, TOP_P, MIN_P, XTC_SPEC,
                                  TEMPERATURE, MIROSTAT)
 ORDERED = {spec.name: spec for spec in STAGES if not spec.last}  # the stages `order` arranges
 STAGE_NAMES = tuple(ORDERED)
@@ -57,7 +58,7 @@ def spec_of(setting: str) -> StageSpec:
 
 __all__ = [
     "DEFAULT_ORDER", "GREEDY_BELOW", "NEG_INF", "ON_KEPT", "ORDERED", "SEED", "SETTINGS", "STAGES",
-    "STAGE_NAMES", "XTC", "Bound", "ChainContext", "History", "LogitBias", "MinP", "Mirostat", "Penalties",
-    "Random", "Setting", "Stage", "StageSpec", "Stateless", "Strings", "Temperature", "TokenBiases",
-    "TopK", "TopNSigma", "TopP", "TypicalP", "Uniforms", "check_token_ids", "spec_of",
+    "STAGE_NAMES", "DRY", "XTC", "Bound", "ChainContext", "History", "LogitBias", "MinP", "Mirostat", "Penalties",
+    "Random", "Setting", "Stage", "StageSpec", "Stateless", "Strings", "Temperature", "TextBreakers", "TokenBiases",
+    "TokenBreakers", "TopK", "TopNSigma", "TopP", "TypicalP", "Uniforms", "check_token_ids", "spec_of",
 ]
