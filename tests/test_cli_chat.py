@@ -160,6 +160,13 @@ def test_set_checks_values_with_the_librarys_rules(checkpoint, chat_model_dir):
     for line in ("/set top-k 5", "/set seed none", "/set repetition_penalty 1.1", "/set system Be kind."):
         assert chat.handle(line)
     assert chat.sampling["top_k"] == 5 and chat.sampling["seed"] is None and chat.chat.system == "Be kind."
+    for line in ('/set dry_sequence_breakers ["\\n", "::"]', '/set logit_bias {"5": -100}', "/set mirostat 2",
+                 "/set dry_multiplier 0.8"):  # every stage's settings; a list or a mapping as JSON
+        assert chat.handle(line)
+    assert chat.sampling["dry_sequence_breakers"] == ["\n", "::"] and chat.sampling["logit_bias"] == {5: -100}
+    assert chat.sampling["mirostat"] == 2 and chat.sampling["dry_multiplier"] == 0.8
+    with pytest.raises(InvalidParameter, match="dry_sequence_breakers\\[0\\] must be 1 to 40 characters"):
+        chat.handle('/set dry_sequence_breakers [""]')
     assert chat.handle("/bye") is False
 
 

@@ -282,3 +282,88 @@ def test_dry_in_a_chain_with_the_tokenizer(gpt2):
     assert float(broken.apply(logits)[c]) == 0.0
     with pytest.raises(ValueError, match="DRY's sequence breakers are text: the chain needs the model's tokenizer"):
         SamplerChain.from_params(params, gpt2.vocab_size, ids)
+
+
+# -- every stage through the faces: the chain, the server, the explainer -----------------------------
+
+
+def test_the_default_order_is_llama_cpps_and_mirostat_runs_last():
+    from nexttok.generation.stages import DEFAULT_ORDER
+
+    assert list(DEFAULT_ORDER) == ["penalties", "dry", "logit_bias", "top_n_sigma", "top_k", "typical_p", "top_p",
+                                   "min_p", "xtc", "temperature"]
+    params = dict(top_n_sigma=2.0, top_k=40, typical_p=0.9, top_p=0.9, min_p=0.01, xtc_probability=0.5,
+                  temperature=0.7, dynatemp_range=0.2, presence_penalty=0.5)
+    assert [s.name for s in _chain(**params).stages] == ["penalties", "top_n_sigma", "top_k", "typical_p", "top_p",
+                                                        "min_p", "xtc", "temperature"]
+    with_mirostat = _chain(**params, mirostat=2, logit_bias={3: 1.0})
+    assert [s.name for s in with_mirostat.stages] == ["logit_bias", "temperature", "mirostat"]
+    assert with_mirostat.stages[1].range == 0  # llama.cpp: plain temperature before Mirostat
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_new_filters_after_top_k_run_on_its_kept_logits_as_on_the_vocabulary(seed):
+    """Top-n-sigma, typical-p, XTC and dynamic temperature may run on top-k's kept logits alone: the
+    compacted path gives the rows and picks the stage-by-stage path (the explainer's) gives."""
+    settings = dict(top_k=40, typical_p=0.9, xtc_probability=0.7, xtc_threshold=0.05, temperature=0.9,
+                    dynatemp_range=0.4, seed=seed, order=["top_k", "typical_p", "top_n_sigma", "xtc", "temperature"])
+    compact, stepwise = _chain(5000, **settings, top_n_sigma=1.5), _chain(5000, **settings, top_n_sigma=1.5)
+    for step in range(15):
+        logits = _random(seed * 50 + step, size=5000, scale=2.5)
+        ours, theirs = compact.sample(logits), stepwise.sample(logits, record=True)
+        torch.testing.assert_close(ours.logits, theirs.logits)
+        assert ours.token_id == theirs.token_id and ours.draw == theirs.draw
+
+
+SERVED = {"temperature": 0.9, "dry_multiplier": 0.8, "dry_base": 1.75, "dry_allowed_length": 1,
+          "dry_penalty_last_n": -1, "dry_sequence_breakers": ["\n", "."], "xtc_probability": 0.5,
+          "xtc_threshold": 0.1, "top_n_sigma": 2.0, "typical_p": 0.9, "dynatemp_range": 0.3, "dynatemp_exponent": 1.5,
+          "repeat_last_n": 32, "presence_penalty": 0.2}
+
+
+@pytest.mark.parametrize("fields", [SERVED, {"temperature": 0.8, "mirostat": 2, "mirostat_tau": 3.0, "mirostat_eta": 0.2},
+                                    {"mirostat": 1, "mirostat_tau": 4.0}], ids=["llama-server", "mirostat2", "mirostat1"])
+def test_the_server_takes_llama_servers_fields(server, served, fields):
+    import httpx
+
+    from nexttok.generation.loop import generate
+
+    body = {"model": "tiny", "prompt": "The quick brown fox", "max_tokens": 12, "seed": 5, **fields}
+    text = httpx.post(server.url + "/v1/completions", json=body, timeout=120).json()["choices"][0]["text"]
+    params = SamplingParams(**fields, seed=5)
+    assert text == generate(served.model, served.tokenizer, "The quick brown fox", params, max_tokens=12).text
+
+
+@pytest.mark.parametrize("field,value", [("dry_multiplier", -1), ("dry_base", 0.5), ("dry_allowed_length", 1.5),
+                                         ("dry_penalty_last_n", -2), ("dry_sequence_breakers", [""]),
+                                         ("dry_sequence_breakers", "\n"), ("xtc_probability", 1.5),
+                                         ("xtc_threshold", -0.1), ("top_n_sigma", -2), ("typical_p", 0),
+                                         ("mirostat", 3), ("mirostat_tau", -1), ("mirostat_eta", 2),
+                                         ("dynatemp_range", -0.5), ("repeat_last_n", -3)])
+def test_a_bad_stage_field_is_a_400_naming_it(server, field, value):
+    import httpx
+
+    response = httpx.post(server.url + "/v1/completions", timeout=60,
+                          json={"model": "tiny", "prompt": "x", "max_tokens": 2, field: value})
+    assert response.status_code == 400 and response.json()["error"]["param"] == field, response.text
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"dry_multiplier": -1.0}, "dry_multiplier must be a number >= 0, got -1.0"),
+    ({"dry_base": 0.9}, "dry_base must be a number >= 1, got 0.9"),
+    ({"dry_penalty_last_n": -2}, "dry_penalty_last_n must be an integer >= -1, got -2"),
+    ({"dry_sequence_breakers": ["\n", ""]}, "dry_sequence_breakers\\[1\\] must be 1 to 40 characters, got ''"),
+    ({"dry_sequence_breakers": "\n"}, "dry_sequence_breakers must be a list of at most 16 strings"),
+    ({"xtc_probability": 2.0}, "xtc_probability must be in \\[0, 1\\], got 2.0"),
+    ({"top_n_sigma": -1.5}, "top_n_sigma must be a number >= -1, got -1.5"),
+    ({"typical_p": 0.0}, "typical_p must be in \\(0, 1\\], got 0.0"),
+    ({"mirostat": 3}, "mirostat must be an integer in \\[0, 2\\], got 3"),
+    ({"mirostat_eta": float("nan")}, "mirostat_eta must be in \\[0, 1\\], got nan"),
+    ({"dynatemp_exponent": -1.0}, "dynatemp_exponent must be a number >= 0, got -1.0"),
+])
+def test_bad_values_are_one_line_errors_naming_the_field(changes, message):
+    from nexttok.errors import InvalidParameter
+
+    with pytest.raises(InvalidParameter, match=message) as caught:
+        SamplingParams(**changes)
+    assert caught.value.param == next(iter(changes)) and "\n" not in str(caught.value)
