@@ -315,6 +315,22 @@ def test_the_new_filters_after_top_k_run_on_its_kept_logits_as_on_the_vocabulary
         assert ours.token_id == theirs.token_id and ours.draw == theirs.draw
 
 
+def test_a_stage_names_what_it_did_for_the_page():
+    """The chain's records (what the page's chain view shows): the tokens a stage cut, the logits a
+    penalty moved, and the stage's own note (XTC's chance, the dynamic temperature, Mirostat's mu)."""
+    logits = torch.tensor([3.0, 2.5, 2.0, 1.0, 0.5, 0.0])
+    chain = SamplerChain.from_params(SamplingParams(presence_penalty=1.0, xtc_probability=1.0, xtc_threshold=0.1,
+                                                    dynatemp_range=0.5, seed=0), 6, prompt_ids=[4])
+    chain.accept(1)
+    records = chain.sample(logits, record=True).stages
+    assert [r.name for r in records] == ["raw", "penalties", "xtc", "temperature"]
+    assert records[1].shifted == [(1, -1.0)] and records[1].cut == []
+    assert records[2].cut == [0, 2] and records[2].note.endswith("cut 2 top tokens")  # 0 and 2 above 0.1, 1 is the least
+    assert records[3].note.startswith("entropy ") and "T = " in records[3].note
+    mirostat = _chain(6, mirostat=2, seed=0).sample(logits, record=True).stages[-1]
+    assert mirostat.name == "mirostat" and mirostat.note.startswith("mu 10.000: ")
+
+
 SERVED = {"temperature": 0.9, "dry_multiplier": 0.8, "dry_base": 1.75, "dry_allowed_length": 1,
           "dry_penalty_last_n": -1, "dry_sequence_breakers": ["\n", "."], "xtc_probability": 0.5,
           "xtc_threshold": 0.1, "top_n_sigma": 2.0, "typical_p": 0.9, "dynatemp_range": 0.3, "dynatemp_exponent": 1.5,

@@ -34,6 +34,7 @@ from nexttok.generation.stages import (
     NEG_INF,
     ON_KEPT,
     ORDERED,
+    REWEIGHTS,
     SEED,
     SETTINGS,
     STAGE_NAMES,
@@ -90,6 +91,8 @@ class StageRecord:
     top_ids: list[int]
     top_probs: list[float]
     cut: list[int] = field(default_factory=list)  # which of the model's top 20 this stage cut
+    shifted: list[tuple[int, float]] = field(default_factory=list)  # (id, logit change) it made to them (penalties)
+    note: str = ""  # what it decided this step, where that is more than a cut (XTC's chance, Mirostat's mu)
 
 
 class Greedy:
@@ -212,10 +215,13 @@ class SamplerChain:
         records = [raw]
         watched = torch.tensor(raw.top_ids, dtype=torch.long, device=logits.device)
         for stage in self.stages:
-            alive = logits[watched] > NEG_INF
+            before = logits[watched]
             logits = stage.apply(logits)
-            cut = watched[alive & (logits[watched] == NEG_INF)]
-            records.append(_record(stage.name, logits, cut.tolist()))
+            after = logits[watched]
+            cut = watched[(before > NEG_INF) & (after == NEG_INF)]
+            moved = (after > NEG_INF) & (after != before) & (stage.name in REWEIGHTS)
+            shifted = [(int(i), float(d)) for i, d in zip(watched[moved], (after - before)[moved], strict=True)]
+            records.append(_record(stage.name, logits, cut.tolist(), shifted, getattr(stage, "note", "")))
         return logits, records
 
     def sample(self, logits: torch.Tensor, *, record: bool = False, u: float | None = None) -> Sample:
@@ -291,8 +297,9 @@ def entropy_bits(probs: torch.Tensor) -> float:
     return float(-(p * p.log2()).sum())
 
 
-def _record(name: str, logits: torch.Tensor, cut: list[int] | None = None) -> StageRecord:
+def _record(name: str, logits: torch.Tensor, cut: list[int] | None = None,
+            shifted: list[tuple[int, float]] | None = None, note: str = "") -> StageRecord:
     probs = logits.float().softmax(-1)
     top = torch.topk(probs, min(RECORD_TOP, probs.shape[-1]))
     return StageRecord(name, int((logits > NEG_INF).sum()), entropy_bits(probs),
-                       top.indices.tolist(), top.values.tolist(), cut or [])
+                       top.indices.tolist(), top.values.tolist(), cut or [], shifted or [], note)

@@ -49,6 +49,7 @@ DEFAULT_ORDER = STAGE_NAMES
 SETTINGS: dict[str, Setting] = {name: setting for spec in STAGES for name, setting in spec.settings.items()}
 SEED = Bound(None, 0, 2**63, "same seed, same draws; none: a fresh one", integer=True, high_open=True)
 ON_KEPT = frozenset(spec.name for spec in STAGES if spec.on_kept)  # may run on top-k's kept logits alone
+REWEIGHTS = frozenset(spec.name for spec in STAGES if spec.reweights)  # change chosen tokens' values
 
 
 def spec_of(setting: str) -> StageSpec:
@@ -57,7 +58,7 @@ def spec_of(setting: str) -> StageSpec:
 
 
 __all__ = [
-    "DEFAULT_ORDER", "GREEDY_BELOW", "NEG_INF", "ON_KEPT", "ORDERED", "SEED", "SETTINGS", "STAGES",
+    "DEFAULT_ORDER", "GREEDY_BELOW", "NEG_INF", "ON_KEPT", "ORDERED", "REWEIGHTS", "SEED", "SETTINGS", "STAGES",
     "STAGE_NAMES", "DRY", "XTC", "Bound", "ChainContext", "History", "LogitBias", "MinP", "Mirostat", "Penalties",
     "Random", "Setting", "Stage", "StageSpec", "Stateless", "Strings", "Temperature", "TextBreakers", "TokenBiases",
     "TokenBreakers", "TopK", "TopNSigma", "TopP", "TypicalP", "Uniforms", "check_token_ids", "spec_of",

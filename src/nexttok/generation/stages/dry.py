@@ -192,5 +192,5 @@ DRY_SPEC = StageSpec(
     use="Against loops in long chats and stories: a repeated run of tokens costs more the longer it gets, "
         "while single repeated words (names, 'the') go free.",
     active=lambda p: p.dry_multiplier > 0 and p.dry_penalty_last_n != 0,
-    build=_dry, greedy=True, needs=frozenset({"history", "tokenizer"}),
+    build=_dry, greedy=True, needs=frozenset({"history", "tokenizer"}), reweights=True,
 )

@@ -142,7 +142,7 @@ PENALTIES = StageSpec(
         "(presence and frequency are OpenAI's, repetition HF's).",
     active=lambda p: p.repeat_last_n != 0 and (p.repetition_penalty != 1 or p.presence_penalty != 0
                                                or p.frequency_penalty != 0),
-    build=_penalties, greedy=True, needs=frozenset({"history"}),
+    build=_penalties, greedy=True, needs=frozenset({"history"}), reweights=True,
 )
 
 LOGIT_BIAS = StageSpec(
@@ -153,5 +153,5 @@ LOGIT_BIAS = StageSpec(
     use="To ban a token (-100) or favour one: a fixed number added to chosen tokens' logits.",
     active=lambda p: bool(p.logit_bias),
     build=lambda p, context: LogitBias(p.logit_bias, context.vocab_size),
-    greedy=True,
+    greedy=True, reweights=True,
 )

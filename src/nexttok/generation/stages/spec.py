@@ -272,6 +272,7 @@ class StageSpec:
     on_kept: bool = False  # may run on top-k's kept logits alone (a softmax-only or rescaling stage)
     greedy: bool = False  # runs in a greedy chain too: it can change which token is the most likely
     needs: frozenset[str] = frozenset()
+    reweights: bool = False  # changes chosen tokens' values (penalties): the page shows by how much
     last: bool = False  # not in `order`: it runs last, just before the draw (Mirostat)
     alone_with: tuple[str, ...] | None = None  # when it runs, only these other stages do (Mirostat)
 
