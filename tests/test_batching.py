@@ -71,6 +71,31 @@ def test_same_tokens_alone_and_in_a_batch_of_8(chat_model_dir, dtype):
     assert tokens / steps > 2  # requests really shared decode steps
 
 
+STAGE_FIELDS = [  # llama-server's fields for the other stages, each request its own mix
+    {"dry_multiplier": 0.8, "dry_allowed_length": 1, "top_n_sigma": 2.0, "repeat_last_n": 8, "presence_penalty": 0.4},
+    {"xtc_probability": 0.6, "xtc_threshold": 0.05, "typical_p": 0.9, "dynatemp_range": 0.5},
+    {"mirostat": 2, "mirostat_tau": 3.0, "temperature": 0.9},
+    {"mirostat": 1, "mirostat_eta": 0.3, "dry_multiplier": 1.0},
+]
+STAGE_REQUESTS = [{"prompt": f"Request number {i} says", "max_tokens": 24, "seed": 200 + i, **NO_EOS,
+                   **STAGE_FIELDS[i % 4]} for i in range(8)]
+
+
+def test_every_stage_same_tokens_alone_and_in_a_batch_of_8(chat_model_dir):
+    """DRY's history, XTC's chances and Mirostat's mu belong to each request's own chain: a request
+    samples the same tokens alone as among seven others."""
+    with _server(chat_model_dir, max_running=8) as live:
+        alone = [_complete(live.url, **body).json()["choices"][0]["text"] for body in STAGE_REQUESTS]
+        before = _metrics(live.url)
+        with ThreadPoolExecutor(8) as pool:
+            together = list(pool.map(lambda b: _complete(live.url, **b).json()["choices"][0]["text"], STAGE_REQUESTS))
+        after = _metrics(live.url)
+    steps = after["nexttok_decode_steps_total"] - before["nexttok_decode_steps_total"]
+    assert all(alone) and 8 * 24 / steps > 2  # the requests really shared decode steps
+    for i, (a, b) in enumerate(zip(alone, together, strict=True)):
+        assert a == b, f"request {i} ({STAGE_REQUESTS[i]}): alone {a!r} vs batched {b!r}"
+
+
 def _steps_before_a_near_tie(choice: dict) -> int:
     """Steps of a greedy choice (2 alternatives per token) before the first whose top two
     logprobs are within NEAR_TIE: there float rounding may rightly pick the other one."""

@@ -164,3 +164,45 @@ def test_every_help_prints(capsys, command):
     with pytest.raises(SystemExit) as done:
         main([command, "--help"])
     assert done.value.code == 0 and "usage: nexttok" in capsys.readouterr().out
+
+
+def _sampling_flags(parser) -> dict[str, str]:
+    """The parser's sampling flags: option string -> the SamplingParams field it sets."""
+    from nexttok.generation.stages import SETTINGS
+
+    return {option: action.dest for action in parser._actions for option in action.option_strings
+            if action.dest in SETTINGS or action.dest == "seed"}
+
+
+def test_run_and_chat_take_the_same_sampling_flags():
+    """One flag per setting of every stage, the same on both commands (they had drifted), and a
+    value given on either reaches the same SamplingParams."""
+    from nexttok.cli import build_parser, common
+    from nexttok.generation.stages import SETTINGS
+
+    commands = next(a for a in build_parser()._actions if a.dest == "command").choices
+    run, chat = _sampling_flags(commands["run"]), _sampling_flags(commands["chat"])
+    assert run == chat
+    assert sorted(set(run.values())) == sorted([*SETTINGS, "seed"])
+    assert {"--presence-penalty", "--frequency-penalty", "--repetition-penalty", "--logit-bias"} <= set(run)
+    flags = ["--presence-penalty", "0.5", "--frequency-penalty", "0.25", "--repeat-last-n", "32",
+             "--logit-bias", "5=-100", "--logit-bias", "7=2.5", "--top-k", "12", "--seed", "9"]
+    from_run = common.sampling_params(commands["run"].parse_args([*flags, "model", "prompt"]))
+    from_chat = common.sampling_params(commands["chat"].parse_args([*flags, "model"]))
+    assert from_run == from_chat
+    assert (from_run.presence_penalty, from_run.frequency_penalty, from_run.repeat_last_n) == (0.5, 0.25, 32)
+    assert from_run.logit_bias == {5: -100.0, 7: 2.5} and from_run.top_k == 12 and from_run.seed == 9
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--logit-bias", "5"], "--logit-bias takes ID=BIAS (e.g. 50256=-100), got '5'"),
+    (["--logit-bias", "5=-300"], "logit_bias[5] must be in [-100, 100], got -300.0"),
+    (["--repeat-last-n", "-2"], "repeat_last_n must be an integer >= -1, got -2"),
+    (["--presence-penalty", "3"], "presence_penalty must be in [-2, 2], got 3.0"),
+])
+@pytest.mark.parametrize("command", ["run", "chat"])
+def test_bad_sampling_flags_are_one_line_naming_the_setting(capsys, command, args, message):
+    argv = [command, "default", "x", *args] if command == "run" else [command, "default", *args]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err

@@ -148,8 +148,7 @@ def test_set_checks_values_with_the_librarys_rules(checkpoint, chat_model_dir):
         ("/set seed -1", "seed must be an integer in [0, 2**63), got -1"),
         ("/set max_tokens 4096", "max_tokens must be an integer in [1, 4095] (room kept for the answer in the "
                                  "4096-token context window), got 4096"),
-        ("/set colour blue", "/set takes one of temperature, top_k, top_p, min_p, repetition_penalty, "
-                             "presence_penalty, frequency_penalty, seed, max_tokens, system; got 'colour'"),
+        ("/set colour blue", "/set takes a sampler setting (/show lists them), max_tokens or system; got 'colour'"),
         ("/frobnicate", "unknown command /frobnicate; /help lists them"),
     ]:
         with pytest.raises(ValueError) as e:
@@ -161,6 +160,13 @@ def test_set_checks_values_with_the_librarys_rules(checkpoint, chat_model_dir):
     for line in ("/set top-k 5", "/set seed none", "/set repetition_penalty 1.1", "/set system Be kind."):
         assert chat.handle(line)
     assert chat.sampling["top_k"] == 5 and chat.sampling["seed"] is None and chat.chat.system == "Be kind."
+    for line in ('/set dry_sequence_breakers ["\\n", "::"]', '/set logit_bias {"5": -100}', "/set mirostat 2",
+                 "/set dry_multiplier 0.8"):  # every stage's settings; a list or a mapping as JSON
+        assert chat.handle(line)
+    assert chat.sampling["dry_sequence_breakers"] == ["\n", "::"] and chat.sampling["logit_bias"] == {5: -100}
+    assert chat.sampling["mirostat"] == 2 and chat.sampling["dry_multiplier"] == 0.8
+    with pytest.raises(InvalidParameter, match="dry_sequence_breakers\\[0\\] must be 1 to 40 characters"):
+        chat.handle('/set dry_sequence_breakers [""]')
     assert chat.handle("/bye") is False
 
 

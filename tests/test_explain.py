@@ -30,6 +30,11 @@ PENALIZED = [
     SamplingParams(temperature=0.9, min_p=0.05, repetition_penalty=1.3,
                    order=["temperature", "min_p", "penalties", "top_k"]),
     SamplingParams(temperature=0, repetition_penalty=2.0, frequency_penalty=2.0),
+    SamplingParams(temperature=1.0, xtc_probability=0.6, xtc_threshold=0.05, dry_multiplier=1.0, dry_allowed_length=1,
+                   typical_p=0.95, top_n_sigma=2.0, dynatemp_range=0.5, repeat_last_n=4, presence_penalty=0.5),
+    SamplingParams(temperature=0.9, mirostat=2, mirostat_tau=3.0),  # mu follows the path, node by node
+    SamplingParams(temperature=0.8, mirostat=1, mirostat_eta=0.3),
+    SamplingParams(temperature=0, xtc_probability=1.0, xtc_threshold=0.02),  # greedy, and still XTC's chance
 ]
 
 
@@ -53,10 +58,12 @@ def test_greedy_steps_equal_generate(model, gpt2):
 
 
 @pytest.mark.parametrize("params", PENALIZED, ids=["top_k+repetition", "top_p+presence+frequency",
-                                                   "order", "greedy+penalties"])
+                                                   "order", "greedy+penalties", "dry+xtc+typical+sigma+dynatemp",
+                                                   "mirostat2", "mirostat1", "greedy+xtc"])
 def test_steps_equal_generation_for_the_same_logits_params_and_draws(model, gpt2, params):
-    """The same seed gives the session and Generation the same u's; fed the session's logits,
-    Generation makes the same Step, penalties of the path included."""
+    """The same seed gives the session and Generation the same u's (and XTC's chances); fed the
+    session's logits, Generation makes the same Step, penalties and DRY of the path included, and
+    Mirostat's mu as it moved along it."""
     prompt = [4, 4, 7, 9]
     session = ExplainSession(model, gpt2, prompt, seed=11)
     generation = Generation(model.config, gpt2, prompt, dataclasses.replace(params, seed=11), max_tokens=None,
@@ -201,7 +208,13 @@ def _schema_bounds(model_class, name: str) -> dict:
 # the rest): the schemas must say exactly these, whatever table they are built from.
 DOCUMENTED = {"temperature": {"ge": 0.0}, "top_p": {"gt": 0.0, "le": 1.0}, "min_p": {"ge": 0.0, "le": 1.0},
               "repetition_penalty": {"gt": 0.0, "le": 100.0}, "presence_penalty": {"ge": -2.0, "le": 2.0},
-              "frequency_penalty": {"ge": -2.0, "le": 2.0}, "top_k": {"ge": 0}}
+              "frequency_penalty": {"ge": -2.0, "le": 2.0}, "top_k": {"ge": 0},
+              # llama-server's stages (-1: the whole context for the windows, off for top-n-sigma)
+              "repeat_last_n": {"ge": -1}, "dry_multiplier": {"ge": 0.0}, "dry_base": {"ge": 1.0},
+              "dry_allowed_length": {"ge": 0}, "dry_penalty_last_n": {"ge": -1}, "top_n_sigma": {"ge": -1.0},
+              "typical_p": {"gt": 0.0, "le": 1.0}, "xtc_probability": {"ge": 0.0, "le": 1.0},
+              "xtc_threshold": {"ge": 0.0, "le": 1.0}, "dynatemp_range": {"ge": 0.0}, "dynatemp_exponent": {"ge": 0.0},
+              "mirostat": {"ge": 0, "le": 2}, "mirostat_tau": {"ge": 0.0}, "mirostat_eta": {"ge": 0.0, "le": 1.0}}
 
 
 @pytest.mark.parametrize("name", list(DOCUMENTED))
@@ -225,7 +238,7 @@ def test_routes_step_and_redraw(live):
     post = lambda path, body: httpx.post(server.url + path, json=body, timeout=60)  # noqa: E731
     table = httpx.get(server.url + "/explain/parameters", timeout=60).json()
     assert table["dials"]["top_p"] == PARAMETERS["top_p"].as_json() and table["dials"]["temperature"]["high"] is None
-    assert table["order"] == list(SamplingParams().order) and set(table) == {"dials", "order"}
+    assert table["order"] == list(SamplingParams().order) and set(table) == {"dials", "order", "stages"}
     key = post("/explain/sessions", {"prompt": "The capital of France is", "seed": 5}).json()["session"]
     first = post(f"/explain/sessions/{key}/step", {"temperature": 0.8, "top_k": 30}).json()
     dials = {"temperature": 1.2, "top_p": 0.7, "repetition_penalty": 1.6, "frequency_penalty": 0.4,

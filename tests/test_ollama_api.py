@@ -96,7 +96,8 @@ def test_num_predict_ends_at_length_with_that_many_tokens(local):
 @pytest.mark.parametrize("option, value, openai_field", [
     (None, None, None), ("top_k", 3, "top_k"), ("top_p", 0.4, "top_p"), ("min_p", 0.95, "min_p"),
     ("temperature", 1.4, "temperature"), ("repeat_penalty", 1.5, "repetition_penalty"),
-    ("presence_penalty", 1.5, "presence_penalty"), ("frequency_penalty", 1.5, "frequency_penalty")])
+    ("presence_penalty", 1.5, "presence_penalty"), ("frequency_penalty", 1.5, "frequency_penalty"),
+    ("typical_p", 0.3, "typical_p"), ("mirostat", 2, "mirostat")])
 def test_each_sampling_option_is_the_openai_routes_parameter(local, client, option, value, openai_field):
     """Ollama's defaults (temperature 0.8, top_k 40, top_p 0.9) and each option over them draw what
     the completions route draws with the same parameters and seed."""
@@ -118,6 +119,7 @@ def test_repeat_last_n_zero_switches_the_penalties_off(local):
                               options={"seed": 4, "num_predict": 12, **extra}).response
     assert reply(repeat_penalty=1.5, repeat_last_n=0) == reply() != reply(repeat_penalty=1.5)
     assert reply(repeat_penalty=1.5, repeat_last_n=-1) == reply(repeat_penalty=1.5)
+    assert reply(repeat_penalty=1.5, repeat_last_n=2) != reply(repeat_penalty=1.5)  # a window of its own
 
 
 def test_stop_ends_the_reply_before_the_stop_text(local):
@@ -138,7 +140,7 @@ def test_seed_reproduces_a_sampled_reply(local):
 def test_every_option_of_the_client_is_honoured_ignored_or_refused_by_name(server):
     """Walks the client's own Options type: an option it can send is either taken (what it does is in
     the README's table) or refused in one line naming it."""
-    refused = {"typical_p": 0.5, "tfs_z": 0.5, "mirostat": 2}
+    refused = {"tfs_z": 0.5}
     values = {int: 1, float: 1.0, bool: False}
     for name, field in ollama.Options.model_fields.items():
         kind = next((k for k in values if k.__name__ in str(field.annotation)), None)
@@ -163,7 +165,7 @@ def test_every_option_of_the_client_is_honoured_ignored_or_refused_by_name(serve
 @pytest.mark.parametrize("options, named", [
     ({"temperature": "hot"}, "options.temperature"), ({"num_predict": 2.5}, "options.num_predict"),
     ({"top_p": 0}, "options.top_p"), ({"stop": "x"}, "options.stop"), ({"bogus": 1}, "options.bogus"),
-    ({"repeat_penalty": 1.2, "repeat_last_n": 64}, "options.repeat_last_n"), ({"num_ctx": 4}, "num_ctx"),
+    ({"mirostat": 3}, "options.mirostat"), ({"num_ctx": 4}, "num_ctx"),
     ({"stop": ["zz"] * 40}, "options.stop")])
 def test_bad_options_are_a_400_in_one_line_naming_the_option(local, options, named):
     with pytest.raises(ollama.ResponseError) as caught:

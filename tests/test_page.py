@@ -12,12 +12,23 @@ import re
 import pytest
 import torch
 
+from nexttok.generation.parameters import DIALS, PARAMETERS
 from nexttok.generation.sampling import SamplerChain, SamplingParams
+from nexttok.generation.stages import DEFAULT_ORDER, STAGES
 from nexttok.lesson import sections as lesson
 
 PROMPT = "The capital of France is"
-NEUTRAL = {"temperature": 1, "top_k": 0, "top_p": 1, "min_p": 0, "repetition_penalty": 1, "presence_penalty": 0,
-           "frequency_penalty": 0}
+NEUTRAL = {name: PARAMETERS[name].default for name in DIALS}  # every stage's dials at their neutral value
+
+
+class NodeNumbers:
+    """The random numbers the session's node holds (the draw's u, XTC's chance), as a chain's stream."""
+
+    def __init__(self, draws: dict):
+        self.draws = draws
+
+    def next(self, purpose: str = "draw") -> float:
+        return self.draws[purpose]
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +66,8 @@ def _check_against_sampling(page, served, explainer, prompt_ids: list[int], step
     node = opened.session.nodes[opened.session.current].parent
     assert opened.session.path(node) == path
     logits = opened.session.forward(node).logits
-    chain = SamplerChain.from_params(params, served.model.config.vocab_size, prompt_ids)
+    chain = SamplerChain.from_params(params, served.model.config.vocab_size, prompt_ids, tokenizer=served.tokenizer,
+                                     uniforms=NodeNumbers(opened.session.nodes[node].draws))
     for token in path:
         chain.accept(token)
     chosen = chain.sample(logits, record=True, u=None if chain.greedy else step_draw)
@@ -152,16 +164,27 @@ def test_explainer_page(browser, live):
 
     for settings in ({"temperature": 0.3}, {"temperature": 1, "top_k": 3}, {"top_k": 0, "top_p": 0.5, "min_p": 0.1},
                      {"top_p": 1, "min_p": 0, "repetition_penalty": 1.8, "presence_penalty": 1, "temperature": 0.7},
-                     {"temperature": 0, "frequency_penalty": -1.5}):
+                     {"temperature": 0, "frequency_penalty": -1.5},
+                     {"temperature": 1, "frequency_penalty": 0, "dry_multiplier": 2, "dry_allowed_length": 1,
+                      "xtc_probability": 1, "xtc_threshold": 0.02, "typical_p": 0.95, "top_n_sigma": 3,
+                      "dynatemp_range": 0.5},
+                     {**NEUTRAL, "mirostat": 2, "mirostat_tau": 2, "temperature": 0.8}):
         _set_dials(page, settings)
         _check_against_sampling(page, served, explainer, ids, draw)
         if settings.get("top_k") == 3:
             assert page.locator("#table tbody tr.cut").count() >= 7  # top-k 3 cuts all but three rows
+        if settings.get("xtc_probability"):  # what XTC decided, and by how much DRY moved a logit (if it did)
+            assert "chance " in page.inner_text("#stages li[data-stage=xtc]")
+            assert "T = " in page.inner_text("#stages li[data-stage=temperature]")
+        if settings.get("mirostat"):
+            assert page.inner_text("#stages li[data-stage=mirostat]").startswith("mirostat: ")
+            assert "mu 4.000" in page.inner_text("#stages li[data-stage=mirostat]")
+    _set_dials(page, NEUTRAL)
 
-    for _ in range(5):  # temperature first: ↑ five times
+    for _ in range(len(DEFAULT_ORDER) - 1):  # temperature first: ↑ once per stage before it
         page.click("#order li[data-stage=temperature] button")
     order = page.locator("#order li").evaluate_all("els => els.map(e => e.dataset.stage)")
-    assert order == ["temperature", "penalties", "logit_bias", "top_k", "top_p", "min_p"]
+    assert order == ["temperature", *(name for name in DEFAULT_ORDER if name != "temperature")]
     for value in (0.2, 0.4, 0.6, 0.8):  # quick moves: debounced, and only the last answer is shown
         _set_dial(page, "top_p", value)
     shown = _set_dials(page, {"temperature": 0.5, "top_p": 0.6, "repetition_penalty": 1.5})
@@ -199,6 +222,10 @@ def test_explainer_page(browser, live):
     assert page.locator("#tokens .chip").count() == len(ids) + 4 and page.inner_text("#tokens").startswith("The")
     dials = page.inner_text("#dials")
     assert all(label in dials for label in ("temperature", "top k", "top p", "min p", "repetition penalty"))
+    for spec in STAGES:  # every stage with a number setting: its dials, and when people use it
+        if any(name in DIALS for name in spec.settings):
+            box = page.inner_text(f"#dials fieldset[data-stage={spec.name}]")
+            assert spec.use in box and all(name.replace("_", " ") in box for name in spec.settings if name in DIALS)
     assert page.locator("#table tbody tr").count() == 11 and "everything else" in page.inner_text("#table")
     stages = page.locator("#stages li").all_inner_texts()
     assert stages[0].startswith("raw: ") and "tokens kept, entropy" in stages[0] and stages[-1].startswith("draw")

@@ -359,3 +359,41 @@ def test_bounds_as_pydantic_limits():
     assert PARAMETERS["top_p"].limits() == {"gt": 0.0, "le": 1.0}
     assert PARAMETERS["temperature"].limits() == {"ge": 0.0}  # no upper end
     assert PARAMETERS["seed"].limits() == {"ge": 0, "lt": 2**63}
+
+
+def _walk(chain: SamplerChain, rows: list[torch.Tensor]) -> list[int]:
+    tokens = []
+    for row in rows:
+        tokens.append(chain.sample(row).token_id)
+        chain.accept(tokens[-1])
+    return tokens
+
+
+def test_the_chain_clones_and_resets_as_llama_cpps():
+    """clone: an independent chain in this one's state (the penalties' history, the stream's place)
+    that goes on as the original does; reset: back to the prompt and the seed."""
+    params = SamplingParams(temperature=0.9, top_k=20, repetition_penalty=1.3, presence_penalty=0.5, seed=4)
+    rows = [torch.randn(60, generator=torch.Generator().manual_seed(k)) * 3 for k in range(10)]
+    chain = SamplerChain.from_params(params, 60, prompt_ids=[1, 2, 3])
+    first = _walk(chain, rows[:5])
+    copy = chain.clone()
+    assert _walk(chain, rows[5:]) == _walk(copy, rows[5:])
+    assert copy.stages[0].history.generated == chain.stages[0].history.generated
+    chain.reset()
+    assert chain.stages[0].history.generated == [] and _walk(chain, rows[:5]) == first
+
+
+def test_repeat_last_n_narrows_the_penalties_to_the_last_tokens():
+    """The window is over the prompt and the output together: repetition sees a prompt token only while
+    it is among the last n; presence and frequency count the generated tokens in it."""
+    history = History.start([0, 1], 6, last_n=3)
+    for token in (2, 2, 3):
+        history.add(token)
+    assert history.seen_mask().tolist() == [False, False, True, True, False, False]  # 2, 2, 3: the prompt is out
+    assert history.counts().tolist() == [0, 0, 2, 1, 0, 0]
+    wide = History.start([0, 1], 6, last_n=4)
+    wide.add(2)
+    assert wide.seen_mask().tolist() == [True, True, True, False, False, False]
+    logits = torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    assert Penalties(2.0, 0.5, 0.0, history).apply(logits).tolist() == [1.0, 1.0, 0.0, 0.0, 1.0, 1.0]
+    assert SamplerChain.from_params(SamplingParams(repetition_penalty=1.5, repeat_last_n=0), 6).stages == []  # 0: off

@@ -18,8 +18,9 @@ from nexttok.checkpoints.identity import checkpoint_sha256
 from nexttok.checkpoints.loading import load_checkpoint, load_model
 from nexttok.cli import main
 from nexttok.generation.diff import diff_traces
+from nexttok.generation.loop import generate
 from nexttok.generation.replay import replay
-from nexttok.generation.trace import TraceError, read_trace, schema
+from nexttok.generation.trace import VERSION, VERSION_1_SAMPLING, TraceError, read_trace, schema
 from nexttok.models.cache import KVCache
 
 PROMPT = "The capital of France is"
@@ -42,7 +43,7 @@ def test_every_line_follows_the_shipped_schema(greedy_trace, chat_model_dir):
     for line in lines:
         validator.validate(line)
     header, steps, end = lines[0], lines[1:-1], lines[-1]
-    assert header["format"] == "nexttok-trace" and header["version"] == 1
+    assert header["format"] == "nexttok-trace" and header["version"] == VERSION
     assert header["model"]["sha256"] == checkpoint_sha256(chat_model_dir)
     assert header["runtime"]["dtype"] == "float32" and header["prompt"]["text"] == PROMPT
     checkpoint = load_checkpoint(chat_model_dir)
@@ -75,6 +76,34 @@ def test_replay_on_the_same_build_is_exact(greedy_trace, chat_model_dir, capsys)
     assert "24 steps replayed; largest logprob change 0.00e+00; top-1 changed at 0" in capsys.readouterr().err
     one_pass = replay(load_model(chat_model_dir), trace, one_pass=True)  # a longer forward rounds otherwise
     assert one_pass.max_delta < 1e-4
+
+
+V1_ORDER = ["penalties", "logit_bias", "top_k", "top_p", "min_p", "temperature"]
+
+
+def test_a_version_1_trace_still_replays(chat_model_dir, tmp_path, capsys):
+    """Reading is additive: a trace as version 1 wrote it (ten sampling fields, the six stages of
+    then) reads with every later setting at its neutral default, replays exactly, and its settings
+    generate its tokens again."""
+    _run(chat_model_dir, tmp_path / "new.jsonl", "--temperature", "0.9", "--top-k", "20",
+         "--repetition-penalty", "1.3", "--seed", "3")
+    lines = (tmp_path / "new.jsonl").read_text(encoding="utf-8").splitlines()
+    header = json.loads(lines[0])
+    header["version"] = 1
+    header["sampling"] = {**{k: header["sampling"][k] for k in VERSION_1_SAMPLING}, "order": V1_ORDER}
+    path = tmp_path / "v1.jsonl"
+    path.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n", encoding="utf-8")
+    old, new = read_trace(path), read_trace(tmp_path / "new.jsonl")
+    assert list(old.sampling_params().order) == V1_ORDER
+    assert {k: v for k, v in vars(old.sampling_params()).items() if k != "order"} == \
+        {k: v for k, v in vars(new.sampling_params()).items() if k != "order"}
+    checkpoint = load_checkpoint(chat_model_dir)
+    result = replay(checkpoint.model, old, tokenizer=checkpoint.tokenizer)
+    assert result.max_delta == 0 and all(s.kept for s in result.steps)
+    again = generate(checkpoint.model, checkpoint.tokenizer, old.prompt_ids, old.sampling_params(), max_tokens=24)
+    assert again.token_ids == old.token_ids
+    assert main(["replay", str(path)]) == 0
+    assert "24 steps replayed; largest logprob change 0.00e+00" in capsys.readouterr().err
 
 
 def _as_run_logprobs(model, trace) -> list[torch.Tensor]:
@@ -172,8 +201,8 @@ def test_diff_of_two_live_settings(chat_model_dir, capsys):
     assert main(["diff", str(chat_model_dir), PROMPT, "--a", "--temperature 0", "--b", "--temperature 0",
                  "--max-tokens", "8"]) == 0
     assert "identical: the same 8 tokens" in capsys.readouterr().out
-    assert main(["diff", str(chat_model_dir), PROMPT, "--a", "--temperature 0", "--b", "--logit-bias 1"]) == 2
-    assert "--a/--b '--logit-bias 1': unrecognized arguments: --logit-bias" in capsys.readouterr().err
+    assert main(["diff", str(chat_model_dir), PROMPT, "--a", "--temperature 0", "--b", "--frobnicate 1"]) == 2
+    assert "--a/--b '--frobnicate 1': unrecognized arguments: --frobnicate" in capsys.readouterr().err
 
 
 def _broken(greedy_trace: Path, tmp_path: Path, edit) -> Path:
@@ -191,7 +220,7 @@ def _set(line: str, **changes) -> str:
     (lambda ls: ls[:-1], "truncated: no end line after 24 steps"),
     (lambda ls: ls[:5], "truncated: no end line after 4 steps"),
     (lambda ls: [ls[0], ls[1][:40], *ls[2:]], "line 2: not JSON"),
-    (lambda ls: [_set(ls[0], version=2), *ls[1:]], "nexttok-trace version 2; this nexttok reads version 1"),
+    (lambda ls: [_set(ls[0], version=3), *ls[1:]], "nexttok-trace version 3; this nexttok reads versions 1, 2"),
     (lambda ls: [_set(ls[0], format="other"), *ls[1:]], "line 1: format: 'nexttok-trace' was expected"),
     (lambda ls: [ls[0], ls[1].replace('"logprob": -', '"logprob": NaN, "x": -', 1), *ls[2:]],
      "line 2: NaN is not a number a trace may hold"),

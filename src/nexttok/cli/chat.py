@@ -22,13 +22,13 @@ from rich.console import Console
 from nexttok.checkpoints.bundled import DEFAULT_MODEL
 from nexttok.cli import common, traces
 from nexttok.errors import InvalidParameter
+from nexttok.generation.stages import SETTINGS, Bound
 
 PROMPT, MORE = ">>> ", "... "
-SAMPLING = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
-            "frequency_penalty", "seed")
+SAMPLING = (*SETTINGS, "seed")  # every stage's settings (nexttok.generation.stages), as `run`'s flags
 HELP = """commands:
-  /set NAME VALUE   temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
-                    frequency_penalty, seed (a number or none), max_tokens
+  /set NAME VALUE   a sampler setting (/show lists them; seed: a number or none; a list or a
+                    mapping as JSON: /set dry_sequence_breakers ["\\n"]), max_tokens
   /set system TEXT  the system prompt (no TEXT: none)
   /show             the settings and the tokens used of the context window
   /clear            forget the conversation (the system prompt stays)
@@ -112,10 +112,20 @@ def _check_max_tokens(value, context: int) -> int:
 
 
 def _number(name: str, text: str):
-    """A setting's value as typed: _number("top_k", "40") == 40; _number("seed", "none") is None."""
+    """A setting's value as typed: _number("top_k", "40") == 40; _number("seed", "none") is None; a
+    list or mapping setting as JSON: _number("dry_sequence_breakers", '["\\n"]') == ["\n"]."""
     text = text.strip()
     if name == "seed" and text.lower() in ("none", "off", ""):
         return None
+    if name in SETTINGS and not isinstance(SETTINGS[name], Bound):
+        try:
+            value = json.loads(text)
+        except ValueError:
+            raise InvalidParameter(name, f"{name} must be JSON (a list or an object), got {text!r}") from None
+        try:
+            return SETTINGS[name].from_json(value) if isinstance(value, (list, dict)) else value
+        except ValueError:  # a mapping's key that is not a token id
+            raise InvalidParameter(name, f"{name} keys must be token ids, got {text!r}") from None
     for kind in (int, float):
         try:
             return kind(text)
@@ -272,7 +282,7 @@ class ChatSession:
             self.sampling = changed
             self.out.print(f"{name} = {changed[name]}")
         else:
-            raise ValueError(f"/set takes one of {', '.join(SAMPLING)}, max_tokens, system; got {name!r}")
+            raise ValueError(f"/set takes a sampler setting (/show lists them), max_tokens or system; got {name!r}")
 
     def show(self, _: str = "") -> None:
         rows = [("model", self.name), *self.sampling.items(), ("max_tokens", self.max_tokens),
@@ -336,13 +346,7 @@ def add_parsers(sub) -> None:
                    help="tokens of context window to use (default: the model's)")
     p.add_argument("--max-tokens", type=int, default=512, help="longest answer, kept free in the context "
                    "(default %(default)s)")
-    p.add_argument("--temperature", type=float, default=common.CLI_SAMPLING["temperature"],
-                   help="0 = greedy (default %(default)s)")
-    p.add_argument("--top-k", type=int, default=common.CLI_SAMPLING["top_k"], help="0 = off (default %(default)s)")
-    p.add_argument("--top-p", type=float, default=common.CLI_SAMPLING["top_p"], help="(default %(default)s)")
-    p.add_argument("--min-p", type=float, default=common.CLI_SAMPLING["min_p"], help="(default %(default)s)")
-    p.add_argument("--repetition-penalty", type=float, default=common.CLI_SAMPLING["repetition_penalty"])
-    p.add_argument("--seed", type=int, default=None, help="same seed, same answers")
+    common.add_sampling_args(p)  # the same flags as `nexttok run`
     p.add_argument("--trace", metavar="FILE", default=None,
                    help="record each reply as a trace: FILE-1.jsonl, FILE-2.jsonl, ... (nexttok replay / diff)")
     p.add_argument("--dtype", default=None, help=common.DTYPE_HELP)

@@ -6,7 +6,9 @@ import argparse
 import sys
 
 from nexttok.checkpoints.bundled import DEFAULT_MODEL
+from nexttok.errors import InvalidParameter
 from nexttok.generation.parameters import LLAMA_CPP_SAMPLING, STOP_STRINGS_BOUND
+from nexttok.generation.stages import SETTINGS, Bound, Strings
 
 DTYPE_HELP = ("auto (default: a .gguf as shipped, quantized; a checkpoint directory in float32 on CPU), "
               "float32, bfloat16, float16, or int8 / int4 (linear layers quantized at load)")
@@ -38,10 +40,48 @@ def escape(text: str) -> str:
 
 
 def sampling_params(args: argparse.Namespace):
+    """SamplingParams of the sampling flags (add_sampling_args), checked: a bad value is one line
+    naming the setting."""
     from nexttok.generation.sampling import SamplingParams
 
-    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                          min_p=args.min_p, repetition_penalty=args.repetition_penalty, seed=args.seed)
+    values = {}
+    for name, setting in SETTINGS.items():
+        value = getattr(args, name)
+        if isinstance(setting, Strings):
+            value = setting.fresh() if value is None else [] if value == ["none"] else value
+        elif not isinstance(setting, Bound):
+            value = dict(_bias(item) for item in value or [])
+        values[name] = value
+    return SamplingParams(**values, seed=args.seed)
+
+
+def _bias(text: str) -> tuple[int, float]:
+    """--logit-bias ID=BIAS: _bias("50256=-100") == (50256, -100.0)."""
+    token, _, bias = text.partition("=")
+    try:
+        return int(token), float(bias)
+    except ValueError:
+        raise InvalidParameter("logit_bias", f"--logit-bias takes ID=BIAS (e.g. 50256=-100), got {text!r}") from None
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    """A flag for every setting of every sampler stage (nexttok.generation.stages), `run`'s and
+    `chat`'s alike: --top-k, --dry-multiplier, ...; defaults are llama.cpp's for an interactive run
+    where it has one of the first filters (CLI_SAMPLING), else the library's neutral ones."""
+    group = p.add_argument_group("sampling (each stage's settings; nexttok explain's page shows what each does)")
+    for name, setting in SETTINGS.items():
+        meaning = setting.meaning.replace("%", "%%")
+        if isinstance(setting, Bound):
+            group.add_argument(f"--{name.replace('_', '-')}", dest=name, type=setting.annotation,
+                               default=CLI_SAMPLING.get(name, setting.default), help=f"{meaning} (default %(default)s)")
+        elif isinstance(setting, Strings):
+            group.add_argument(f"--{setting.flag}", dest=name, action="append", default=None, metavar="TEXT",
+                               help=f"{meaning}; the flag once per string, 'none' for none "
+                               f"(default {' '.join(map(repr, setting.default))})")
+        else:
+            group.add_argument("--logit-bias", dest=name, action="append", default=None, metavar="ID=BIAS",
+                               help=f"{meaning}; the flag once per token, e.g. --logit-bias 50256=-100")
+    group.add_argument("--seed", type=int, default=None, help="same seed, same tokens")
 
 
 def stop_strings(args: argparse.Namespace) -> list[str]:
@@ -104,13 +144,7 @@ def add_generation_args(p: argparse.ArgumentParser, max_tokens: int | None) -> N
     p.add_argument("inputs", nargs="+", metavar="[MODEL] PROMPT",
                    help="MODEL: a checkpoint directory, a .gguf file, a bundled model name or a hub id "
                    f"(default: the bundled {DEFAULT_MODEL}); PROMPT: the text ('-' reads standard input)")
-    p.add_argument("--temperature", type=float, default=CLI_SAMPLING["temperature"],
-                   help="0 = greedy (default %(default)s)")
-    p.add_argument("--top-k", type=int, default=CLI_SAMPLING["top_k"], help="0 = off (default %(default)s)")
-    p.add_argument("--top-p", type=float, default=CLI_SAMPLING["top_p"], help="(default %(default)s)")
-    p.add_argument("--min-p", type=float, default=CLI_SAMPLING["min_p"], help="(default %(default)s)")
-    p.add_argument("--repetition-penalty", type=float, default=CLI_SAMPLING["repetition_penalty"])
-    p.add_argument("--seed", type=int, default=None, help="same seed, same tokens")
+    add_sampling_args(p)
     p.add_argument("--stop", action="append", default=[],
                    help=f"stop string (repeatable): {STOP_STRINGS_BOUND.allowed()}")
     p.add_argument("--dtype", default=None, help=DTYPE_HELP)

@@ -48,7 +48,8 @@ def cmd_replay(args: argparse.Namespace, out: Console) -> int:
     source = args.model or trace.header["model"]["path"]
     checkpoint = load_checkpoint(source, dtype=args.dtype, device=args.device, compile=args.compile)
     trace.check_model(checkpoint_sha256(checkpoint.path), str(source))
-    result = replay(checkpoint.model, trace, _constraint(trace, checkpoint), one_pass=args.one_pass)
+    result = replay(checkpoint.model, trace, _constraint(trace, checkpoint), one_pass=args.one_pass,
+                    tokenizer=checkpoint.tokenizer)
     flips = result.flips(args.threshold)
     if args.json:
         for s in result.steps:

@@ -143,6 +143,14 @@ class Constraint:
             raise ValueError(f"token {token_id} is not allowed by the grammar: "
                              f"{_first_line(self.matcher.get_error())}")
 
+    def reset(self) -> None:
+        """Back to the grammar's start."""
+        self.matcher.reset()
+
+    def clone(self, uniforms=None) -> Constraint:
+        """An independent copy at the same point of the grammar."""
+        return Constraint(self.matcher.deep_copy(), self.vocab_size, self.description)
+
 
 def json_depth(value, limit: int | None = None) -> int:
     """How deep objects and arrays nest in a JSON value, counted without recursion (so any depth

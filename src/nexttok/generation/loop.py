@@ -117,7 +117,7 @@ class Generation:
         """This generation's sampler chain (its penalties' history: the prompt and each token taken)."""
         if self.sampler is None:
             self.sampler = SamplerChain.from_params(self.params, self.vocab_size, self.prompt_ids, self.device,
-                                                    constraint=self.constraint)
+                                                    constraint=self.constraint, tokenizer=self.tokenizer)
         return self.sampler
 
     def sample(self, logits: torch.Tensor, elapsed: float, prefill: bool) -> Step:

@@ -71,14 +71,16 @@ class Replay:
         return max((abs(s.delta) for s in self.steps), default=0.0)
 
 
-def replay(model: Model, trace: Trace, constraint=None, one_pass: bool = False) -> Replay:
-    """Every step of trace scored by model (see above). constraint: the run's grammar stage, new."""
+def replay(model: Model, trace: Trace, constraint=None, one_pass: bool = False, tokenizer=None) -> Replay:
+    """Every step of trace scored by model (see above). constraint: the run's grammar stage, new;
+    tokenizer: the model's, for the stages that need one (DRY's sequence breakers)."""
     prompt, tokens = trace.prompt_ids, trace.token_ids
     vocab = model.config.vocab_size
     if any(not 0 <= i < vocab for i in prompt + tokens):
         raise ValueError(f"{trace.name} holds token ids outside this model's vocabulary (0..{vocab - 1})")
     weights = next(model.parameters())
-    chain = SamplerChain.from_params(trace.sampling_params(), vocab, prompt, weights.device, constraint=constraint)
+    chain = SamplerChain.from_params(trace.sampling_params(), vocab, prompt, weights.device, constraint=constraint,
+                                     tokenizer=tokenizer)
     rows = _one_pass(model, prompt, tokens) if one_pass else _as_run(model, prompt, tokens,
                                                                       trace.header["runtime"]["kv_cache"])
     steps = []

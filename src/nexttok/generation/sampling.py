@@ -1,22 +1,24 @@
 """Logits → a chosen token, through a chain of stages (llama.cpp's llama_sampler design).
 
-Every stage has a `name`, `apply(logits) -> logits` over (vocab,) and `accept(token_id)`, which
-tells it the token that was chosen: penalties keep their own history (the prompt, then each
-accepted token), the grammar stage advances its matcher, the rest ignore it. Penalties and logit
-bias change values, truncation filters (top-k, top-p, min-p) set the tokens they cut to -inf,
-temperature rescales. The chain is itself a stage (apply runs them all, accept tells them all),
-and it ends in its selector: Greedy (argmax; temperature 0, < 1e-5) or Draw, an inverse-CDF draw
-with one uniform number u over the kept tokens sorted by probability. u is the next of the draw's
-seeded stream, or given: the explainer passes a node's stored u, so its live dials go through this
-same code. `sample` returns a Sample: the token, the final logits, the u used and, when asked, the
-record of each stage.
+Every stage has a `name`, `apply(logits) -> logits` over (vocab,), `accept(token_id)`, which tells
+it the token that was chosen (penalties and DRY keep their own history: the prompt, then each
+accepted token; the grammar stage advances its matcher; Mirostat adjusts its target), `reset` and
+`clone`. Penalties, DRY and logit bias change values, truncation filters set the tokens they cut
+to -inf, temperature rescales. The chain is itself a stage (apply runs them all, accept tells them
+all), and it ends in its selector: Greedy (argmax; temperature 0, < 1e-5) or Draw, an inverse-CDF
+draw with one uniform number u over the kept tokens sorted by probability. u is the next of the
+chain's seeded stream (the stages that need chance take theirs from it too), or given: the
+explainer passes a node's stored u, so its live dials go through this same code. `sample` returns a
+Sample: the token, the final logits, the u used and, when asked, the record of each stage.
 
-Default order, as in llama.cpp: penalties → logit_bias → top_k → top_p → min_p → temperature.
-nexttok.generation.parameters.PARAMETERS holds each parameter's range, default and meaning.
+Each stage describes itself once (nexttok.generation.stages): SamplingParams below has a field for
+every setting of every stage, with the stage's default, and checks each against its bound. The
+default order is llama.cpp's (stages.STAGES).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Sequence
@@ -26,62 +28,57 @@ import numpy as np
 import torch
 
 from nexttok.errors import InvalidParameter
-from nexttok.generation.parameters import DIALS, GREEDY_BELOW, PARAMETERS
 from nexttok.generation.stages import (
+    DEFAULT_ORDER,
+    GREEDY_BELOW,
     NEG_INF,
-    History,
-    LogitBias,
-    MinP,
-    Penalties,
+    ON_KEPT,
+    ORDERED,
+    REWEIGHTS,
+    SEED,
+    SETTINGS,
+    STAGE_NAMES,
+    STAGES,
+    ChainContext,
+    Random,
     Stage,
-    Temperature,
-    TopK,
-    TopP,
+    StageSpec,
+    Uniforms,
 )
 
-STAGE_NAMES = ("penalties", "logit_bias", "top_k", "top_p", "min_p", "temperature")
-DEFAULT_ORDER = STAGE_NAMES
 RECORD_TOP = 20  # ids and probabilities a StageRecord keeps
 
 
-_DEFAULT = {name: bound.default for name, bound in PARAMETERS.items()}
-
-
-@dataclass
-class SamplingParams:
-    """What the user sets. Neutral values switch a stage off (and it is not built at all)."""
-
-    temperature: float = _DEFAULT["temperature"]
-    top_k: int = _DEFAULT["top_k"]
-    top_p: float = _DEFAULT["top_p"]
-    min_p: float = _DEFAULT["min_p"]
-    repetition_penalty: float = _DEFAULT["repetition_penalty"]
-    presence_penalty: float = _DEFAULT["presence_penalty"]
-    frequency_penalty: float = _DEFAULT["frequency_penalty"]
-    logit_bias: dict[int, float] = field(default_factory=dict)
-    seed: int | None = _DEFAULT["seed"]
-    order: Sequence[str] = DEFAULT_ORDER
+class _Checked:
+    """SamplingParams' checks: every field against its stage's bound, at construction."""
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
         """Raise InvalidParameter (a ValueError) naming the first parameter outside its range."""
-        for name in DIALS:
-            PARAMETERS[name].check(name, getattr(self, name))
-        if not isinstance(self.logit_bias, dict):
-            raise InvalidParameter("logit_bias", "logit_bias must be a mapping of token id to bias")
-        for token, bias in self.logit_bias.items():
-            if type(token) is not int or token < 0:
-                raise InvalidParameter("logit_bias",
-                                       f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
-            PARAMETERS["logit_bias"].check(f"logit_bias[{token}]", bias)
+        for name, setting in SETTINGS.items():
+            setting.check(name, getattr(self, name))
         if self.seed is not None:
-            PARAMETERS["seed"].check("seed", self.seed)
-        unknown = [s for s in self.order if s not in STAGE_NAMES]
-        if unknown or len(set(self.order)) != len(self.order):
+            SEED.check("seed", self.seed)
+        order = self.order
+        if (isinstance(order, str) or any(s not in STAGE_NAMES for s in order) or len(set(order)) != len(order)):
             raise InvalidParameter("order", f"order must list distinct stages from {', '.join(STAGE_NAMES)}; "
-                                   f"got {list(self.order)}")
+                                   f"got {list(order) if not isinstance(order, str) else order!r}")
+
+
+def _fields():
+    for name, setting in SETTINGS.items():
+        yield name, setting.annotation, field(default_factory=setting.fresh)
+    yield "seed", int | None, field(default=None)
+    yield "order", Sequence[str], field(default=DEFAULT_ORDER)
+
+
+SamplingParams = dataclasses.make_dataclass("SamplingParams", list(_fields()), bases=(_Checked,), namespace={
+    "__module__": __name__,
+    "__doc__": "What the user sets: a field for every setting of every stage (stages.SETTINGS, with its "
+               "stage's default: neutral, so the stage is not built at all), the seed of the draws, and the "
+               "order of the stages."})
 
 
 @dataclass
@@ -94,22 +91,8 @@ class StageRecord:
     top_ids: list[int]
     top_probs: list[float]
     cut: list[int] = field(default_factory=list)  # which of the model's top 20 this stage cut
-
-
-class Uniforms:
-    """The seeded stream of uniform numbers in [0, 1) that draws take, one per sampled token.
-    Two streams with one seed give the same numbers (None: seeded from the OS). It lives on the
-    CPU whatever the model's device, so a seed gives the same draws on every device."""
-
-    def __init__(self, seed: int | None):
-        self.generator = torch.Generator()
-        if seed is None:
-            self.generator.seed()
-        else:
-            self.generator.manual_seed(seed)
-
-    def next(self) -> float:
-        return float(torch.rand((), generator=self.generator))
+    shifted: list[tuple[int, float]] = field(default_factory=list)  # (id, logit change) it made to them (penalties)
+    note: str = ""  # what it decided this step, where that is more than a cut (XTC's chance, Mirostat's mu)
 
 
 class Greedy:
@@ -127,12 +110,12 @@ class Draw:
 
     name = "dist"
 
-    def __init__(self, uniforms: Uniforms):
+    def __init__(self, uniforms: Random):
         self.uniforms = uniforms
 
     def select(self, logits: torch.Tensor, u: float | None = None) -> tuple[int, float | None]:
         if u is None:
-            u = self.uniforms.next()
+            u = self.uniforms.next("draw")
         elif not 0 <= u < 1:
             raise ValueError(f"a draw must be in [0, 1), got {u!r}")
         return pick(logits, u), u
@@ -152,13 +135,15 @@ class Sample:
 
 
 class SamplerChain:
-    """Stages in order, itself a stage (apply runs them all, accept tells them all), ending in its
-    selector (Greedy or Draw); `sample` is apply then select."""
+    """Stages in order, itself a stage (apply runs them all, accept tells them all, reset and clone
+    as llama.cpp's chain), ending in its selector (Greedy or Draw); `sample` is apply then select.
+    uniforms: the stream its draws, and the stages that need chance, take their numbers from."""
 
     name = "chain"
 
-    def __init__(self, stages: Sequence[Stage], selector: Greedy | Draw):
+    def __init__(self, stages: Sequence[Stage], selector: Greedy | Draw, uniforms: Random | None = None):
         self.stages, self.selector = list(stages), selector
+        self.uniforms = selector.uniforms if uniforms is None and isinstance(selector, Draw) else uniforms
 
     @property
     def greedy(self) -> bool:
@@ -166,42 +151,40 @@ class SamplerChain:
 
     @classmethod
     def from_params(cls, params: SamplingParams, vocab_size: int, prompt_ids: Sequence[int] = (),
-                    device="cpu", *, uniforms: Uniforms | None = None, constraint: Stage | None = None
-                    ) -> SamplerChain:
-        """Only the stages whose settings are not neutral are built (zero cost for the rest).
-        uniforms: the stream draws come from (default: a new one seeded with params.seed).
-        constraint: a grammar.Constraint, run first ("grammar"): the other stages only ever see
-        tokens the grammar allows, so a filter's share of probability is a share of valid text."""
-        p = params
-        drawing = p.temperature >= GREEDY_BELOW  # truncation and temperature never change a greedy pick
-        wanted = {
-            "penalties": p.repetition_penalty != 1 or p.presence_penalty != 0 or p.frequency_penalty != 0,
-            "logit_bias": bool(p.logit_bias),
-            "top_k": drawing and p.top_k > 0,
-            "top_p": drawing and p.top_p < 1,
-            "min_p": drawing and p.min_p > 0,
-            "temperature": drawing and p.temperature != 1,
-        }
-        make = {
-            "penalties": lambda: Penalties(p.repetition_penalty, p.presence_penalty, p.frequency_penalty,
-                                           History.start(prompt_ids, vocab_size, device)),
-            "logit_bias": lambda: LogitBias(p.logit_bias, vocab_size),
-            "top_k": lambda: TopK(p.top_k),
-            "top_p": lambda: TopP(p.top_p),
-            "min_p": lambda: MinP(p.min_p),
-            "temperature": lambda: Temperature(p.temperature),
-        }
-        stages = [make[name]() for name in p.order if wanted[name]]
+                    device="cpu", *, uniforms: Random | None = None, constraint: Stage | None = None,
+                    tokenizer=None) -> SamplerChain:
+        """Only the stages whose settings are not neutral are built (zero cost for the rest; see
+        chain_specs). uniforms: the stream draws come from (default: a new one seeded with
+        params.seed). constraint: a grammar.Constraint, run first ("grammar"): the other stages only
+        ever see tokens the grammar allows, so a filter's share of probability is a share of valid
+        text. tokenizer: the model's, for the stages that need one (DRY's sequence breakers)."""
+        uniforms = Uniforms(params.seed) if uniforms is None else uniforms
+        context = ChainContext(vocab_size, list(prompt_ids), device, tokenizer, uniforms)
+        stages = [spec.build(params, context) for spec in chain_specs(params)]
         if constraint is not None:
             stages.insert(0, constraint)
-        selector = Draw(Uniforms(p.seed) if uniforms is None else uniforms) if drawing else Greedy()
-        return cls(stages, selector)
+        return cls(stages, Draw(uniforms) if params.temperature >= GREEDY_BELOW else Greedy(), uniforms)
 
     def accept(self, token_id: int) -> None:
         """Tell every stage the token that was chosen (the penalties count it from now on, the
         grammar advances)."""
         for stage in self.stages:
             stage.accept(token_id)
+
+    def reset(self) -> None:
+        """Every stage back to its state when built (history: the prompt only), the stream to its seed."""
+        for stage in self.stages:
+            stage.reset()
+        if isinstance(self.uniforms, Uniforms):
+            self.uniforms.reset()
+
+    def clone(self, uniforms: Random | None = None) -> SamplerChain:
+        """An independent chain in this one's state; its numbers come from uniforms (default: a copy
+        of this chain's stream, which then goes on as this one would)."""
+        if uniforms is None and isinstance(self.uniforms, Uniforms):
+            uniforms = self.uniforms.clone()
+        selector = Greedy() if self.greedy else Draw(uniforms)
+        return SamplerChain([stage.clone(uniforms) for stage in self.stages], selector, uniforms)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """Every stage in turn."""
@@ -217,7 +200,7 @@ class SamplerChain:
         for i, stage in enumerate(self.stages):
             logits = stage.apply(logits)
             rest = self.stages[i + 1:]
-            if isinstance(stage, TopK) and rest and all(isinstance(s, ON_KEPT) for s in rest):
+            if stage.name == "top_k" and rest and all(s.name in ON_KEPT for s in rest):
                 ids = (logits > NEG_INF).nonzero()[:, 0]
                 values = logits[ids]
                 for later in rest:
@@ -232,10 +215,13 @@ class SamplerChain:
         records = [raw]
         watched = torch.tensor(raw.top_ids, dtype=torch.long, device=logits.device)
         for stage in self.stages:
-            alive = logits[watched] > NEG_INF
+            before = logits[watched]
             logits = stage.apply(logits)
-            cut = watched[alive & (logits[watched] == NEG_INF)]
-            records.append(_record(stage.name, logits, cut.tolist()))
+            after = logits[watched]
+            cut = watched[(before > NEG_INF) & (after == NEG_INF)]
+            moved = (after > NEG_INF) & (after != before) & (stage.name in REWEIGHTS)
+            shifted = [(int(i), float(d)) for i, d in zip(watched[moved], (after - before)[moved], strict=True)]
+            records.append(_record(stage.name, logits, cut.tolist(), shifted, getattr(stage, "note", "")))
         return logits, records
 
     def sample(self, logits: torch.Tensor, *, record: bool = False, u: float | None = None) -> Sample:
@@ -255,7 +241,19 @@ class SamplerChain:
         return Sample(token, final, used, stages, time.perf_counter() - start)
 
 
-ON_KEPT = (TopP, MinP, Temperature)  # stages that may run on top-k's kept logits alone
+def chain_specs(params: SamplingParams) -> list[StageSpec]:
+    """The stages params build, in order: those of params.order whose settings are not neutral, then
+    the ones that run last (Mirostat); a greedy chain keeps only those that can change which token is
+    the most likely (penalties, logit bias: truncation and temperature never do); and a stage that
+    runs `alone_with` some others (Mirostat: llama.cpp runs only logit bias and temperature before
+    it) drops the rest."""
+    drawing = params.temperature >= GREEDY_BELOW
+    candidates = [ORDERED[name] for name in params.order] + [spec for spec in STAGES if spec.last]
+    chosen = [spec for spec in candidates if spec.active(params) and (drawing or spec.greedy)]
+    alone = next((spec for spec in chosen if spec.alone_with is not None), None)
+    if alone is not None:
+        chosen = [spec for spec in chosen if spec is alone or spec.name in alone.alone_with]
+    return chosen
 
 
 def spread(ids: torch.Tensor, values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -299,8 +297,9 @@ def entropy_bits(probs: torch.Tensor) -> float:
     return float(-(p * p.log2()).sum())
 
 
-def _record(name: str, logits: torch.Tensor, cut: list[int] | None = None) -> StageRecord:
+def _record(name: str, logits: torch.Tensor, cut: list[int] | None = None,
+            shifted: list[tuple[int, float]] | None = None, note: str = "") -> StageRecord:
     probs = logits.float().softmax(-1)
     top = torch.topk(probs, min(RECORD_TOP, probs.shape[-1]))
     return StageRecord(name, int((logits > NEG_INF).sum()), entropy_bits(probs),
-                       top.indices.tolist(), top.values.tolist(), cut or [])
+                       top.indices.tolist(), top.values.tolist(), cut or [], shifted or [], note)

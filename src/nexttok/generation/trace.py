@@ -4,7 +4,10 @@ Line 1 is the header (what ran: the model and its sha256, dtype, device, CPU ker
 torch versions, the prompt ids, every sampling parameter and the seed), then one "step" line per
 generated token (id, text, logprob, rank, the top alternatives, each sampler stage's kept count,
 the uniform draw, seconds, finish reason), then an "end" line. `trace.schema.json` beside this
-module is the format's JSON Schema; FORMAT and VERSION name it. A file is written as the run goes
+module is the format's JSON Schema, less the sampling record, which `schema()` fills in from the
+stages' descriptions (every setting of every stage, its bounds); FORMAT and VERSION name it. Reading
+is additive: a setting a trace lacks (one written before its stage existed) takes its neutral
+default, so a version 1 trace still replays. A file is written as the run goes
 (a step is on disk when it is printed), so a run that dies leaves a file without its end line, and
 reading one says so.
 
@@ -16,7 +19,6 @@ reading one says so.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import json
 import time
@@ -29,10 +31,15 @@ import torch
 
 from nexttok.generation.loop import Step
 from nexttok.generation.sampling import SamplingParams
+from nexttok.generation.stages import SEED, SETTINGS, STAGE_NAMES
 from nexttok.models import kernels
 
 FORMAT = "nexttok-trace"
-VERSION = 1
+VERSION = 2  # 2: the sampling record holds every stage's settings (1: the first ten)
+READS = (1, 2)  # versions this nexttok reads
+# what a version 1 sampling record always holds; every later setting is optional when reading
+VERSION_1_SAMPLING = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                      "frequency_penalty", "logit_bias", "seed", "order")
 # What a trace file may hold. The longest line is the header, with the prompt's text and ids: 16 MiB
 # is a prompt of about a million tokens. 1 GiB is about two million steps with top alternatives.
 # Past either, the file is not a trace (/dev/zero is one endless line) and is refused by name.
@@ -46,7 +53,19 @@ class TraceError(ValueError):
 
 def schema() -> dict:
     """The JSON Schema of one trace line (header, step or end)."""
-    return json.loads(resources.files("nexttok.generation").joinpath("trace.schema.json").read_text("utf-8"))
+    found = json.loads(resources.files("nexttok.generation").joinpath("trace.schema.json").read_text("utf-8"))
+    found["$defs"]["header"]["properties"]["sampling"] = sampling_schema()
+    return found
+
+
+def sampling_schema() -> dict:
+    """The header's sampling record: each stage's settings, the seed and the stages' order."""
+    settings = {name: {**setting.schema(), "description": setting.meaning} for name, setting in SETTINGS.items()}
+    return {"type": "object", "required": list(VERSION_1_SAMPLING), "additionalProperties": False,
+            "description": "every setting of every sampler stage (nexttok.generation.stages); one a trace lacks "
+                           "takes its neutral default",
+            "properties": {**settings, "seed": {**SEED.schema(), "type": ["integer", "null"]},
+                           "order": {"type": "array", "items": {"enum": list(STAGE_NAMES)}}}}
 
 
 def trace_header(model, *, name: str, path: Path, sha256: str, prompt_text: str | None, prompt_ids: list[int],
@@ -82,8 +101,8 @@ def grammar_record(schema: dict | None) -> dict | None:
 
 def sampling_record(params: SamplingParams) -> dict:
     """Every field of params, as JSON holds them (logit_bias keys as strings)."""
-    return {**dataclasses.asdict(params), "logit_bias": {str(k): v for k, v in params.logit_bias.items()},
-            "order": list(params.order)}
+    return {**{name: setting.to_json(getattr(params, name)) for name, setting in SETTINGS.items()},
+            "seed": params.seed, "order": list(params.order)}
 
 
 def step_record(step: Step) -> dict:
@@ -157,8 +176,9 @@ class Trace:
         return self.end["text"]
 
     def sampling_params(self) -> SamplingParams:
-        s = self.header["sampling"]
-        return SamplingParams(**{**s, "logit_bias": {int(k): v for k, v in s["logit_bias"].items()}})
+        """The run's settings; any the trace lacks (an older version's) at their neutral defaults."""
+        return SamplingParams(**{name: SETTINGS[name].from_json(value) if name in SETTINGS else value
+                                 for name, value in self.header["sampling"].items()})
 
     def check_model(self, sha256: str, what: str) -> None:
         """A one-line error when the trace was recorded on another checkpoint."""
@@ -223,8 +243,9 @@ def parse_trace(lines: list[str], name: str) -> Trace:
         records.append(record)
     if not records or records[0]["type"] != "header":
         raise TraceError(f"{name}: not a {FORMAT} file (its first line is not a header)")
-    if records[0]["version"] != VERSION:
-        raise TraceError(f"{name}: {FORMAT} version {records[0]['version']}; this nexttok reads version {VERSION}")
+    if records[0]["version"] not in READS:
+        raise TraceError(f"{name}: {FORMAT} version {records[0]['version']}; this nexttok reads versions "
+                         f"{', '.join(map(str, READS))}")
     kinds = [r["type"] for r in records]
     if kinds[-1] != "end":
         raise TraceError(f"{name}: truncated: no end line after {kinds.count('step')} steps (the run did not finish)")

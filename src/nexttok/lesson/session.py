@@ -11,8 +11,10 @@ Any node of the tree can be continued with any token (a branch); the cache keeps
 prefix it shares with the new path and recomputes only the rest.
 
 Sampling goes through exactly the generation loop's path: a SamplerChain built from the params and
-the prompt, told the node's path with `accept`, sampling with the node's uniform draw u; the Step
-is made by generate.build_step.
+the prompt, told the node's path with `accept`, sampling with the node's own random numbers (the
+draw's u, XTC's chance); the Step is made by generate.build_step. A chain whose state is more than
+the tokens of the path (Mirostat's mu, moved by each step's distribution) is kept per node: a step
+with the dials that made the node goes on from it, as a generation would; other dials start afresh.
 """
 
 from __future__ import annotations
@@ -50,8 +52,28 @@ class Node:
     token_id: int | None  # the token that leads here from the parent (None for the root)
     depth: int  # generated tokens on the path
     children: list[int] = field(default_factory=list)
-    draw: float | None = None  # the uniform number of draws from here (kept: dials compare like with like)
+    # the random numbers of steps from here, by use ("draw": the draw's u, "xtc": XTC's chance), each
+    # taken from the session's stream when first needed and kept: dials compare like with like
+    draws: dict[str, float] = field(default_factory=dict)
     made: Made | None = None  # how the step that leads here went (None for the root)
+
+    @property
+    def draw(self) -> float | None:
+        """The draw's u from here (None: nothing drawn yet)."""
+        return self.draws.get("draw")
+
+
+class NodeDraws:
+    """A node's random numbers as a chain's stream: each use's first number comes from the session's
+    seeded stream, and is the node's from then on."""
+
+    def __init__(self, node: Node, stream: Uniforms):
+        self.node, self.stream = node, stream
+
+    def next(self, purpose: str = "draw") -> float:
+        if purpose not in self.node.draws:
+            self.node.draws[purpose] = self.stream.next(purpose)
+        return self.node.draws[purpose]
 
 
 @dataclass
@@ -100,13 +122,14 @@ class ExplainSession:
         self.cached: list[int] = []  # the tokens whose keys/values the cache holds, in order
         self.nodes: dict[int, Node] = {0: Node(0, None, None, 0)}
         self.current = 0
-        # Each node's u is taken, the first time a draw from it needs one, from the same seeded stream
-        # a SamplerChain draws from. So a session walking one path with one seed uses exactly the u's
-        # that generate() with that seed uses (and picks the same tokens), while a node keeps its u
-        # when it is stepped again or re-drawn with other dials. The session's chains are given this
-        # stream (they never draw from it themselves: each is handed its node's u).
+        # Each node's numbers (the draw's u, XTC's chance) are taken, the first time a step from it needs
+        # one, from the same seeded stream a SamplerChain draws from, in the order a chain asks. So a
+        # session walking one path with one seed uses exactly the numbers generate() with that seed
+        # uses (and picks the same tokens), while a node keeps them when it is stepped again or
+        # re-drawn with other dials (NodeDraws).
         self.uniforms = Uniforms(seed)
         self._forwards: OrderedDict[int, Forward] = OrderedDict()  # node -> its distribution
+        self._chains: OrderedDict[int, tuple[SamplingParams, SamplerChain]] = OrderedDict()  # node -> chain there
         self._inspections: OrderedDict[int, lesson.Inspection] = OrderedDict()
         self.stop_ids = list(config.eos_token_id)
         self.layers: list[LayerKind] = layer_table(model)  # each layer's type; recurrent states measured
@@ -199,19 +222,37 @@ class ExplainSession:
 
     # -- sampling ----------------------------------------------------------------------------
 
-    def _sample(self, params: SamplingParams, node: Node, forward: Forward) -> Sample:
-        """The sampler chain of `params` on the node's logits, as Generation runs it: the chain
-        starts from the prompt, accepts the node's path, and draws with the node's u (its seconds
-        count the chain's building too)."""
+    def _sample(self, params: SamplingParams, node: Node, forward: Forward) -> tuple[Sample, SamplerChain]:
+        """The sampler chain of `params` on the node's logits, as Generation runs it (its seconds count
+        the chain's building too), and the chain, for the step to tell the token it keeps."""
         start = time.perf_counter()
+        chain = self._chain_at(params, node)
+        chosen = chain.sample(forward.logits, record=True)
+        return dataclasses.replace(chosen, seconds=time.perf_counter() - start), chain
+
+    def _chain_at(self, params: SamplingParams, node: Node) -> SamplerChain:
+        """The chain of params as it stands at node, drawing the node's numbers: the one kept there
+        when the node was made with these dials (a copy), else one built from the prompt and told
+        the node's path."""
+        draws = NodeDraws(node, self.uniforms)
+        kept = self._chains.get(node.id)
+        if kept is not None and kept[0] == params:
+            self._chains.move_to_end(node.id)
+            return kept[1].clone(draws)
         chain = SamplerChain.from_params(params, self.model.config.vocab_size, self.prompt_ids,
-                                         forward.logits.device, uniforms=self.uniforms)
+                                         self._device(), uniforms=draws, tokenizer=self.tokenizer)
         for token in self.path(node.id):
             chain.accept(token)
-        if not chain.greedy and node.draw is None:
-            node.draw = self.uniforms.next()
-        chosen = chain.sample(forward.logits, record=True, u=node.draw)
-        return dataclasses.replace(chosen, seconds=time.perf_counter() - start)
+        return chain
+
+    def _device(self):
+        return self.cache.k.device
+
+    def _keep_chain(self, node_id: int, params: SamplingParams, chain: SamplerChain) -> None:
+        self._chains[node_id] = (params, chain)
+        self._chains.move_to_end(node_id)
+        if len(self._chains) > KEPT_DISTRIBUTIONS:
+            self._chains.popitem(last=False)
 
     def step(self, params: SamplingParams, node_id: int | None = None, token_id: int | None = None,
              top_n: int = 10, use_cache: bool = True) -> dict:
@@ -219,8 +260,10 @@ class ExplainSession:
         when given (continue with an alternative). The new node becomes current."""
         node = self.node(self.current if node_id is None else node_id)
         forward = self.forward(node.id, use_cache)
-        sampled = self._sample(params, node, forward)
+        sampled, chain = self._sample(params, node, forward)
         child = self.child(node.id, sampled.token_id if token_id is None else token_id)
+        chain.accept(child.token_id)
+        self._keep_chain(child.id, params, chain)
         self.current = child.id
         child.made = Made(self._step(node, child.token_id, forward, sampled, top_n), params, forward.cached)
         return {
@@ -266,7 +309,7 @@ class ExplainSession:
         cut), and the model's top tokens with their probabilities after the chain."""
         node = self.node(node_id)
         forward = self.forward(node.id)
-        sampled = self._sample(params, node, forward)
+        sampled, _ = self._sample(params, node, forward)
         return {"node": node.id, "step": self._step(node, sampled.token_id, forward, sampled, top_n),
                 **self._table(forward, sampled, top_n)}
 

@@ -12,13 +12,12 @@ from fastapi import FastAPI
 from nexttok.errors import InvalidParameter
 from nexttok.generation.grammar import Constraint, check_schema_depth
 from nexttok.generation.loop import Generation, prompt_ids_for
-from nexttok.generation.parameters import DIALS
 from nexttok.generation.sampling import SamplingParams
 from nexttok.generation.tools import Tool, from_functions, parse_choice, parse_tools, reply_schema, with_tools
 from nexttok.server.engine import ServedModel, find_served
 from nexttok.server.errors import APIError
 from nexttok.server.responses import ChatFormat, CompletionFormat, ResponseFormat, ToolCallFormat
-from nexttok.server.schemas import ChatRequest, CompletionRequest, OutputFormat, SamplingFields
+from nexttok.server.schemas import ChatRequest, CompletionRequest, OutputFormat, SamplingFields, stage_settings
 from nexttok.server.scoring import best_choices, fim_ids, prompt_text, score_prompts
 from nexttok.server.streaming import Run, close, respond
 from nexttok.server.traces import tracer
@@ -44,11 +43,7 @@ class GenerationPlan:
         """Ranges, counts and the form of logit_bias keys were checked by the request schema; what
         needs the model, by Generation. A field the body leaves out takes SamplingParams' default."""
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-        given = {name: getattr(body, name) for name in DIALS if getattr(body, name) is not None}
-        if given.get("top_k") == -1:  # vLLM's "off"
-            given["top_k"] = 0
-        bias = {int(key): value for key, value in (body.logit_bias or {}).items()}
-        return cls(SamplingParams(**given, logit_bias=bias, seed=body.seed), max_tokens, stop, top_n,
+        return cls(SamplingParams(**stage_settings(body), seed=body.seed), max_tokens, stop, top_n,
                    _output_schema(body.response_format))
 
     def params_for_choice(self, index: int) -> SamplingParams:

@@ -13,11 +13,10 @@ from nexttok.server.ollama_schemas import OllamaOptions
 OLLAMA_DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9}
 SAMPLING = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
             "repeat_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
-            "frequency_penalty": "frequency_penalty"}  # option -> SamplingParams field
+            "frequency_penalty": "frequency_penalty", "repeat_last_n": "repeat_last_n", "typical_p": "typical_p",
+            "mirostat": "mirostat", "mirostat_tau": "mirostat_tau", "mirostat_eta": "mirostat_eta"}  # -> SamplingParams
 # samplers nexttok does not have: the option is taken only at the value that switches it off
-UNAVAILABLE = {"typical_p": (1.0, "locally typical sampling"), "tfs_z": (1.0, "tail-free sampling"),
-               "mirostat": (0, "Mirostat sampling")}
-PENALTIES_OFF = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+UNAVAILABLE = {"tfs_z": (1.0, "tail-free sampling (removed from llama.cpp too)")}
 
 
 def plan_of(options: OllamaOptions | None, *, top_n: int = 0, schema: dict | None = None) -> GenerationPlan:
@@ -28,7 +27,7 @@ def plan_of(options: OllamaOptions | None, *, top_n: int = 0, schema: dict | Non
     options = options or OllamaOptions()
     _refuse_unavailable(options)
     given = {field: getattr(options, name) for name, field in SAMPLING.items() if getattr(options, name) is not None}
-    dials = _penalty_window(options.repeat_last_n, {**OLLAMA_DEFAULTS, **given})
+    dials = {**OLLAMA_DEFAULTS, **given}
     seed = options.seed if options.seed is not None and options.seed >= 0 else None  # Ollama's -1: a fresh one
     limit = options.num_predict if options.num_predict is not None and options.num_predict > 0 else None
     return GenerationPlan(SamplingParams(**dials, seed=seed), limit, tuple(options.stop or ()), top_n, schema,
@@ -41,15 +40,3 @@ def _refuse_unavailable(options: OllamaOptions) -> None:
         if value is not None and value != off:
             raise InvalidParameter("options", f"options.{name}: {what} is not available here; send {off:g} (off) "
                                    f"or leave it out, got {value!r}")
-
-
-def _penalty_window(last_n: int | None, dials: dict) -> dict:
-    """repeat_last_n: the penalties here see the whole context, Ollama's -1; 0 switches them off;
-    any other window is refused while a penalty is on (without one it changes nothing)."""
-    if last_n == 0:
-        return {**dials, **PENALTIES_OFF}
-    penalised = any(dials.get(name, off) != off for name, off in PENALTIES_OFF.items())
-    if last_n not in (None, -1) and penalised:
-        raise InvalidParameter("options", f"options.repeat_last_n: the penalties here see the whole context (prompt "
-                               f"and output); send -1 (or 0: no penalties) or leave it out, got {last_n}")
-    return dials

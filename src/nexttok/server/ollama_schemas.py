@@ -14,9 +14,10 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, Field, StringConstraints
 
+from nexttok.generation.parameters import STOP_STRINGS_BOUND
 from nexttok.server.schemas import MAX_TOP_LOGPROBS, Strict, bounded
 
-MAX_OLLAMA_STOP = 32  # Ollama sets no limit; templates' stop lists (Continue's) run to a dozen
+MAX_OLLAMA_STOP = STOP_STRINGS_BOUND.count  # Ollama sets no limit; the engine's (parameters.py)
 THINK_LEVELS = ("high", "medium", "low", "max")
 LOAD_TIME = "accepted, ignored: a load-time setting, fixed when `nexttok serve` starts"
 
@@ -70,18 +71,19 @@ class OllamaOptions(Strict):
     min_p: float | None = bounded("min_p")
     repeat_penalty: float | None = bounded("repetition_penalty", description="HF/CTRL repetition penalty over "
                                            "the whole context (prompt and output)")
-    repeat_last_n: int | None = Field(None, ge=-1, description="-1: the whole context (what the penalties see "
-                                      "here); 0: penalties off; another window is a 400 while a penalty is on")
+    repeat_last_n: int | None = bounded("repeat_last_n", description="the last n tokens the penalties see; -1: the "
+                                        "whole context, 0: penalties off (Ollama's default 64 applies only with "
+                                        "repeat_penalty, which is off unless sent)")
     presence_penalty: float | None = bounded("presence_penalty", description="OpenAI's: on generated tokens")
     frequency_penalty: float | None = bounded("frequency_penalty", description="OpenAI's: on generated tokens")
     seed: int | None = Field(None, lt=2**63, description="same seed, same draws; negative: a fresh one")
     stop: Annotated[list[NonEmpty], Field(max_length=MAX_OLLAMA_STOP)] | None = Field(
         None, description="text that ends the output (not included)")
-    typical_p: float | None = Field(None, description="1 (off) only: locally typical sampling is a 400")
+    typical_p: float | None = bounded("typical_p")
     tfs_z: float | None = Field(None, description="1 (off) only: tail-free sampling is a 400")
-    mirostat: int | None = Field(None, description="0 (off) only: Mirostat is a 400")
-    mirostat_tau: float | None = Field(None, description="accepted, ignored: Mirostat is off")
-    mirostat_eta: float | None = Field(None, description="accepted, ignored: Mirostat is off")
+    mirostat: int | None = bounded("mirostat")
+    mirostat_tau: float | None = bounded("mirostat_tau")
+    mirostat_eta: float | None = bounded("mirostat_eta")
     penalize_newline: bool | None = Field(None, description="accepted, ignored (as Ollama now does)")
     num_keep: int | None = Field(None, description="accepted, ignored: no context shift here (the output ends "
                                  "at the context window)")

@@ -1,14 +1,16 @@
 """Request bodies of the OpenAI-compatible routes. Unknown fields and wrong types are refused
 (strict: "0.5" is not a number), and every range is part of the schema, so /openapi.json says
-exactly what the server accepts."""
+exactly what the server accepts. The sampling fields are the sampler stages' settings
+(nexttok.generation.stages), under llama-server's names, each with its stage's range and meaning."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model
 
 from nexttok.generation.parameters import OPENAI_STOP_STRINGS, PARAMETERS
+from nexttok.generation.stages import SETTINGS, Bound, Strings
 
 MAX_N = 8
 MAX_PROMPTS = 64  # prompts in one completions request (evaluation harnesses send batches)
@@ -32,6 +34,35 @@ def bounded(name: str, default: Any = None, **overrides: Any) -> Any:
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
+
+
+def stage_field(name: str, default: Any = None) -> tuple[Any, Any]:
+    """(annotation, Field) of a stage setting as a request field: a number with its bound, a list of
+    strings with its limits, or logit_bias (token ids as JSON's string keys)."""
+    setting = SETTINGS[name]
+    if isinstance(setting, Bound):
+        return setting.annotation | None, bounded(name, default)
+    if isinstance(setting, Strings):
+        item = Annotated[str, StringConstraints(min_length=1, max_length=setting.max_length)]
+        return list[item] | None, Field(default, max_length=setting.max_items, description=setting.meaning)
+    return dict[TokenIdKey, Bias] | None, Field(default, description=setting.meaning)
+
+
+_OVERRIDES = {"top_k": (int | None, bounded("top_k", ge=PARAMETERS["top_k"].low - 1,  # vLLM's -1, taken as 0
+                                             description="keep the k most likely tokens; 0 or -1 = off"))}
+
+StageFields = create_model("StageFields", __base__=Strict, __doc__="Every sampler stage's settings.",
+                           **{name: _OVERRIDES.get(name) or stage_field(name) for name in SETTINGS})
+
+
+def stage_settings(body: BaseModel) -> dict[str, Any]:
+    """The stage settings a request gives, as SamplingParams takes them (one left out takes its
+    default): stage_settings(body with top_k=-1, logit_bias={"5": 1.0}) == {"top_k": 0, "logit_bias": {5: 1.0}}."""
+    given = {name: SETTINGS[name].from_json(getattr(body, name)) for name in SETTINGS
+             if getattr(body, name, None) is not None}
+    if given.get("top_k") == -1:  # vLLM's "off"
+        given["top_k"] = 0
+    return given
 
 
 class StreamOptions(Strict):
@@ -61,20 +92,12 @@ class NexttokOptions(Strict):
                                            "file) as `trace`, or as the last event of a stream")
 
 
-class SamplingFields(Strict):
-    """Fields both generation routes take (OpenAI's, plus vLLM's top_k / min_p / repetition_penalty)."""
+class SamplingFields(StageFields):
+    """Fields both generation routes take: OpenAI's, vLLM's top_k / min_p / repetition_penalty, and
+    llama-server's for the other stages (StageFields: every stage's settings)."""
 
     model: str
     max_tokens: int | None = Field(None, ge=1, description="capped by the context window")
-    temperature: float | None = bounded("temperature")
-    top_p: float | None = bounded("top_p")
-    top_k: int | None = bounded("top_k", ge=PARAMETERS["top_k"].low - 1,  # vLLM's -1, taken as 0
-                                description="keep the k most likely tokens; 0 or -1 = off")
-    min_p: float | None = bounded("min_p")
-    presence_penalty: float | None = bounded("presence_penalty")
-    frequency_penalty: float | None = bounded("frequency_penalty")
-    repetition_penalty: float | None = bounded("repetition_penalty")
-    logit_bias: dict[TokenIdKey, Bias] | None = None
     seed: int | None = bounded("seed")
     stop: StopString | StopStrings | None = Field(None, description=OPENAI_STOP_STRINGS.allowed())
     n: int = Field(1, ge=1, le=MAX_N)

@@ -21,9 +21,10 @@ POST /explain/sessions/{id}/redraw {dials, node, top_n?}
 POST /explain/sessions/{id}/goto   {node}  -> makes a node of the tree current
 DELETE /explain/sessions/{id}
 
-dials: temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty
-and order, with the ranges of nexttok.generation.parameters.PARAMETERS. rows: the model's top_n tokens with
-their probability before (p) and after (q) the sampler chain.
+dials: every number setting of every sampler stage (nexttok.generation.stages) and order, with the
+ranges of nexttok.generation.parameters.PARAMETERS; GET /explain/parameters lists them, and per stage
+its settings and when people use it. rows: the model's top_n tokens with their probability before (p)
+and after (q) the sampler chain.
 """
 
 from __future__ import annotations
@@ -42,10 +43,11 @@ import anyio
 from fastapi import FastAPI, Header, Response
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
-from pydantic import Field
+from pydantic import Field, create_model
 
 from nexttok.generation.parameters import DIALS, PARAMETERS
 from nexttok.generation.sampling import DEFAULT_ORDER, STAGE_NAMES, SamplingParams
+from nexttok.generation.stages import SETTINGS, STAGES
 from nexttok.lesson import sections as lesson
 from nexttok.lesson.experts import expert_facts
 from nexttok.lesson.session import ExplainSession
@@ -106,21 +108,18 @@ class GotoRequest(Strict):
     node: int
 
 
-class Dials(Strict):
-    """The sampler settings of the page's dials (defaults: the library's neutral values)."""
-
-    temperature: float = bounded("temperature", PARAMETERS["temperature"].default)
-    top_k: int = bounded("top_k", PARAMETERS["top_k"].default)
-    top_p: float = bounded("top_p", PARAMETERS["top_p"].default)
-    min_p: float = bounded("min_p", PARAMETERS["min_p"].default)
-    repetition_penalty: float = bounded("repetition_penalty", PARAMETERS["repetition_penalty"].default)
-    presence_penalty: float = bounded("presence_penalty", PARAMETERS["presence_penalty"].default)
-    frequency_penalty: float = bounded("frequency_penalty", PARAMETERS["frequency_penalty"].default)
-    order: Annotated[list[str], Field(max_length=len(STAGE_NAMES))] = list(DEFAULT_ORDER)
-    top_n: int = Field(10, ge=1, le=50)
-
+class DialSettings(Strict):
     def params(self) -> SamplingParams:
         return SamplingParams(**{name: getattr(self, name) for name in DIALS}, order=self.order)
+
+
+# The sampler settings of the page's dials: every number setting of every stage, with its range and
+# (as the default) the library's neutral value; the order of the stages; rows in the table.
+Dials = create_model(
+    "Dials", __base__=DialSettings,
+    **{name: (SETTINGS[name].annotation, bounded(name, SETTINGS[name].default)) for name in DIALS},
+    order=(Annotated[list[str], Field(max_length=len(STAGE_NAMES))], list(DEFAULT_ORDER)),
+    top_n=(int, Field(10, ge=1, le=50)))
 
 
 class StepRequest(Dials):
@@ -183,7 +182,10 @@ def install_explainer(app: FastAPI, served_for: ServedFor) -> None:
 
     @app.get("/explain/parameters")
     async def parameters():
-        return {"dials": {name: PARAMETERS[name].as_json() for name in DIALS}, "order": list(DEFAULT_ORDER)}
+        return {"dials": {name: PARAMETERS[name].as_json() for name in DIALS}, "order": list(DEFAULT_ORDER),
+                "stages": [{"name": spec.name, "use": spec.use, "settings": list(spec.settings),
+                            "dials": [name for name in spec.settings if name in DIALS], "last": spec.last,
+                            "greedy": spec.greedy, "needs": sorted(spec.needs)} for spec in STAGES]}
 
     @app.post("/explain/sessions")
     async def start(body: SessionRequest):

@@ -19,7 +19,8 @@ let redrawTimer = null;
 
 // ---- talking to the server -------------------------------------------------------------
 
-// The dials' ranges, defaults and meanings come from the server's table (nexttok.parameters.PARAMETERS).
+// The dials' ranges, defaults and meanings come from the server's table: each sampler stage describes
+// itself once (nexttok/generation/stages), with its settings and a sentence on when people use it.
 let parametersLoaded = null;
 function loadParameters() {  // once; a failure (say, the API key is missing yet) is tried again later
   parametersLoaded ??= fetchParameters().catch((e) => { parametersLoaded = null; throw e; });
@@ -30,10 +31,26 @@ async function fetchParameters() {
   const table = await api("GET", "/explain/parameters");
   state.parameters = table;
   state.order = [...table.order];
-  byId("dials").replaceChildren(...Object.entries(table.dials).map(([name, bound]) => dial(name, bound)));
+  byId("dials").replaceChildren(...table.stages.filter((st) => st.dials.length).map((st) => stageDials(st, table.dials)));
   renderOrder();
   byId("dials").dataset.ready = "1";
 }
+
+// One stage's dials, under its name, with the sentence on when people use it.
+function stageDials(stage, bounds) {
+  const box = document.createElement("fieldset");
+  box.className = "stage-dials";
+  box.dataset.stage = stage.name;
+  const legend = document.createElement("legend");
+  legend.textContent = stage.name.replaceAll("_", " ") + (stage.last ? " (runs last, before the draw)" : "");
+  const use = document.createElement("p");
+  use.className = "use dim";
+  use.textContent = stage.use;
+  box.append(legend, ...stage.dials.map((name) => dial(name, bounds[name])), use);
+  return box;
+}
+
+const useOf = (name) => state.parameters?.stages.find((st) => st.name === name)?.use ?? "";
 
 function dial(name, bound) {
   const step = bound.integer ? 1 : 0.01;
@@ -213,8 +230,13 @@ function renderStages(drawnStep) {
     const names = st.cut.slice(0, CUT_SHOWN).map((id) => JSON.stringify(visible(tokenText(id)))).join(" ");
     const more = st.cut.length > CUT_SHOWN ? ` … (${st.cut.length} of the model's top 20)` : "";
     const cut = st.cut.length ? `; cut ${names}${more}` : "";
+    const moved = st.shifted.slice(0, CUT_SHOWN).map(([token, by]) =>
+      `${JSON.stringify(visible(tokenText(token)))} ${by > 0 ? "+" : ""}${by.toFixed(2)}`).join(" ");
+    const shifted = st.shifted.length ? `; logits moved: ${moved}` : "";
+    const note = st.note ? ` (${st.note})` : "";
     li.textContent = `${st.name}: ${st.kept} tokens kept, entropy ${st.entropy.toFixed(2)} bits, ` +
-      `top p ${pctFixed(st.top_probs[0])}${cut}`;
+      `top p ${pctFixed(st.top_probs[0])}${cut}${shifted}${note}`;
+    li.title = useOf(st.name);
     return li;
   });
   const draw = document.createElement("li");
