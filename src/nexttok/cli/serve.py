@@ -48,6 +48,7 @@ def _listen(host: str, port: int):
 def _serve(args: argparse.Namespace, sock) -> int:
     import os
 
+    from nexttok.cli.pulling import ensure_pulled
     from nexttok.server import ServerLimits, create_app, load_served, serve_in_main_thread
 
     sources = args.models or [DEFAULT_MODEL]
@@ -59,6 +60,7 @@ def _serve(args: argparse.Namespace, sock) -> int:
     err = Console(stderr=True)
     served = []
     for i, source in enumerate(sources):
+        ensure_pulled(source)
         err.print(f"[dim]loading {source} ...[/]")
         name = names[i] if names else None
         served.append(_load_parallel(source, name, args) if args.tensor_parallel != 1 else
