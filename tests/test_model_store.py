@@ -166,3 +166,39 @@ def test_run_pulls_a_hub_name_it_does_not_have(hub, capsys):
     assert main(["run", f"hf.co/{REPO}:F16", "Hi", "--temperature", "0", "--max-tokens", "2"]) == 0
     assert "is not stored yet: pulling it" in capsys.readouterr().err
     assert store.find(f"{REPO}:F16") is not None
+
+
+def test_list_cp_and_rm_as_ollama(hub, tiny_ggufs, capsys):
+    assert main(["list"]) == 0
+    assert capsys.readouterr().out.split() == ["NAME", "ID", "SIZE", "MODIFIED"]  # nothing stored yet
+    q8 = hub_pull.pull(f"{REPO}:Q8_0")
+    q4 = hub_pull.pull(f"hf.co/{REPO}:Q4_0")
+    assert main(["cp", f"{REPO}:Q8_0", "mine"]) == 0
+    assert capsys.readouterr().out.strip() == f"copied 'hf.co/{REPO}:Q8_0' to 'mine:latest'"
+    assert main(["list"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].split() == ["NAME", "ID", "SIZE", "MODIFIED"]
+    rows = [line.split("    ") for line in lines[1:]]
+    rows = [[cell.strip() for cell in row if cell.strip()] for row in rows]
+    assert [r[0] for r in rows] == ["mine:latest", f"hf.co/{REPO}:Q4_0", f"hf.co/{REPO}:Q8_0"]  # newest first
+    assert rows[2][1] == q8.sha256[:12] and rows[1][1] == q4.sha256[:12] and rows[0][1] == q8.sha256[:12]
+    assert rows[0][2].endswith((" KB", " MB")) and rows[0][3].endswith("ago")
+    assert main(["rm", f"{REPO}:q8_0"]) == 0  # the file stays: mine uses it
+    assert capsys.readouterr().out.strip() == f"deleted 'hf.co/{REPO}:Q8_0'"
+    assert q8.blob.is_file() and store.find("mine").blob == q8.blob
+    assert main(["rm", "mine", f"{REPO}:Q4_0"]) == 0  # now no name uses either file
+    assert not q8.blob.exists() and not q4.blob.exists() and store.models() == []
+    assert not (q8.root / "manifests" / "hf.co").exists()  # no empty folders left behind
+    assert main(["rm", "mine"]) == 2
+    assert capsys.readouterr().err.strip() == "error: model 'mine' not found (`nexttok list` shows the stored models)"
+
+
+@pytest.mark.parametrize("seconds, says", [(0.5, "Less than a second ago"), (1, "1 second ago"),
+                                           (45, "45 seconds ago"), (90, "About a minute ago"),
+                                           (600, "10 minutes ago"), (4000, "About an hour ago"),
+                                           (86400 * 3, "3 days ago"), (86400 * 20, "2 weeks ago")])
+def test_moments_as_ollama_writes_them(seconds, says):
+    from nexttok.cli.store import human_ago, human_bytes
+
+    assert human_ago(seconds) == says
+    assert human_bytes(4_661_224_676) == "4.7 GB" and human_bytes(397_000_000) == "397 MB"
