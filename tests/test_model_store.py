@@ -17,16 +17,6 @@ from nexttok.cli import main
 REPO = "test-org/Tiny-GGUF"
 
 
-@pytest.fixture(scope="session")
-def tiny_ggufs(chat_model_dir, tmp_path_factory) -> dict[str, bytes]:
-    """The servers' test model (tiny Llama, ChatML) as GGUF files of three kinds, by file name."""
-    from nexttok.checkpoints.export import write_gguf
-
-    folder = tmp_path_factory.mktemp("tiny_gguf")
-    return {f"tiny-{kind}.gguf": write_gguf(chat_model_dir, folder / f"tiny-{kind}.gguf", kind).read_bytes()
-            for kind in ("Q8_0", "Q4_0", "F16")}
-
-
 @pytest.fixture
 def hub(tiny_ggufs, monkeypatch, tmp_path):
     """A fake hub holding REPO (and an mmproj file no pull may choose), HF_ENDPOINT pointed at it,

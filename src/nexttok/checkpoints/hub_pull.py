@@ -53,6 +53,10 @@ class PullError(OSError):
     """A pull that cannot finish; its message is one line, naming the model."""
 
 
+class NothingToPull(PullError):
+    """The hub has no such repo (or not for us: private, gated), or no GGUF file the tag names."""
+
+
 @dataclass(frozen=True)
 class HubFile:
     path: str  # in the repo
@@ -117,8 +121,10 @@ def repo_files(repo: str) -> tuple[str, str, list[HubFile]]:
 
             info = json.loads(response.read())
     except urllib.error.HTTPError as e:
-        hint = " (a private or gated repo needs HF_TOKEN)" if e.code in (401, 403, 404) else ""
-        raise PullError(f"hf.co/{repo}: the hub answered {e.code} {e.reason}{hint}") from None
+        if e.code in (401, 403, 404):
+            raise NothingToPull(f"hf.co/{repo}: the hub answered {e.code} {e.reason} (a private or gated repo "
+                                "needs HF_TOKEN)") from None
+        raise PullError(f"hf.co/{repo}: the hub answered {e.code} {e.reason}") from None
     except (urllib.error.URLError, OSError, ValueError) as e:
         raise PullError(f"hf.co/{repo}: cannot list its files at {endpoint()} ({_reason(e)})") from None
     files = []
@@ -136,7 +142,7 @@ def choose_file(files: list[HubFile], name: ModelName) -> HubFile:
     ggufs = sorted((f for f in files if f.path.lower().endswith(".gguf")
                     and not f.path.rsplit("/", 1)[-1].lower().startswith("mmproj")), key=lambda f: f.path)
     if not ggufs:
-        raise PullError(f"hf.co/{name.repo} has no GGUF file (a safetensors repo loads by its id: "
+        raise NothingToPull(f"hf.co/{name.repo} has no GGUF file (a safetensors repo loads by its id: "
                         f"nexttok run {name.repo})")
     if name.tag.lower() == "latest":
         chosen = (_tagged(ggufs, DEFAULT_QUANT) or [f for f in ggufs if _quant(f.path).upper().startswith("Q4")]
@@ -145,7 +151,7 @@ def choose_file(files: list[HubFile], name: ModelName) -> HubFile:
         matches = _tagged(ggufs, name.tag)
         if not matches:
             there = sorted({_quant(f.path) or f.path for f in ggufs})
-            raise PullError(f"hf.co/{name.repo} has no GGUF file for {name.tag}; it has {', '.join(there)}")
+            raise NothingToPull(f"hf.co/{name.repo} has no GGUF file for {name.tag}; it has {', '.join(there)}")
         chosen = matches[0]
     split = SPLIT.search(chosen.path)
     if split:

@@ -1,5 +1,5 @@
 """`nexttok pull`, `list`, `rm` and `cp`: the model store (checkpoints/store.py), as Ollama's commands
-keep theirs."""
+keep theirs; `nexttok ps`: the models a running server holds."""
 
 from __future__ import annotations
 
@@ -46,6 +46,24 @@ def cmd_cp(args: argparse.Namespace, out: Console) -> int:
     return 0
 
 
+def cmd_ps(args: argparse.Namespace, out: Console) -> int:
+    from nexttok.cli import client
+
+    if not client.answering():
+        raise OSError(f"no nexttok server answers at {client.server_url()} (start one: nexttok serve; "
+                      "NEXTTOK_HOST says where to look)")
+    now = datetime.datetime.now(datetime.UTC)
+    rows = []
+    for model in client.get_json("/api/ps")["models"]:
+        until = datetime.datetime.fromisoformat(model["expires_at"].replace("Z", "+00:00"))
+        left = (until - now).total_seconds()
+        rows.append((model["name"], model["digest"][:12], human_bytes(model["size"]),
+                     "100% GPU" if model["size_vram"] else "100% CPU", str(model["context_length"]),
+                     "Forever" if until.year > 2200 else "Stopping..." if left <= 0 else human_ago(left, "from now")))
+    print_columns(out, ("NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL"), rows)
+    return 0
+
+
 def print_columns(out: Console, header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
     """Columns as `ollama list` prints them (Go's tabwriter: each as wide as its longest cell, then
     4 spaces), never cut to the terminal's width."""
@@ -86,6 +104,8 @@ def add_parsers(sub) -> None:
     pull.set_defaults(func=cmd_pull)
     listing = sub.add_parser("list", help="the models in the model store (name, id, size, when stored)")
     listing.set_defaults(func=cmd_list)
+    ps = sub.add_parser("ps", help="the models a running `nexttok serve` holds, and until when")
+    ps.set_defaults(func=cmd_ps)
     rm = sub.add_parser("rm", help="remove models from the model store (a file goes when no name uses it)")
     rm.add_argument("models", nargs="+", metavar="MODEL")
     rm.set_defaults(func=cmd_rm)
