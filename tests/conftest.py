@@ -155,6 +155,17 @@ def chat_model_dir(tmp_path_factory, gpt2_dir) -> Path:
     return write_chat_model(tmp_path_factory.mktemp("chat_model"), gpt2_dir)
 
 
+@pytest.fixture(scope="session")
+def tiny_ggufs(chat_model_dir, tmp_path_factory) -> dict[str, bytes]:
+    """The servers' test model (tiny Llama, ChatML) as GGUF files of three kinds, by file name: what
+    the fake hub (tests/fake_hub.py) serves to `nexttok pull`."""
+    from nexttok.checkpoints.export import write_gguf
+
+    folder = tmp_path_factory.mktemp("tiny_gguf")
+    return {f"tiny-{kind}.gguf": write_gguf(chat_model_dir, folder / f"tiny-{kind}.gguf", kind).read_bytes()
+            for kind in ("Q8_0", "Q4_0", "F16")}
+
+
 @pytest.fixture(scope="module")
 def served(chat_model_dir):
     """The servers' test model as the ServedModel "tiny" (each module its own)."""

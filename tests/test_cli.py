@@ -158,7 +158,7 @@ def test_hostile_inputs_get_one_line_errors(capsys, tiny_dir, tmp_path):
 
 
 @pytest.mark.parametrize("command", ["tokenize", "run", "chat", "explain", "neighbors", "serve", "bench", "models",
-                                     "convert"])
+                                     "convert", "pull", "list", "rm", "cp"])
 def test_every_help_prints(capsys, command):
     """argparse formats help with %: a bare % in a help text crashed `serve --help`."""
     with pytest.raises(SystemExit) as done:

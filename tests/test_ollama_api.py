@@ -249,7 +249,7 @@ def test_list_show_ps_and_version(local, server, served):
     running = local.ps().models
     assert [m.model for m in running] == ["tiny:latest"] and running[0].size > 0
     assert running[0].context_length == served.context_length and running[0].expires_at.year > 2100
-    assert httpx.get(server.url + "/api/version").json() == {"version": metadata.version("nexttok")}
+    assert httpx.get(server.url + "/api/version").json() == {"version": metadata.version("nexttok"), "engine": "nexttok"}
     assert local.chat(model="tiny:latest", messages=MESSAGES, options={**GREEDY, "num_predict": 3}).done
 
 
@@ -284,9 +284,11 @@ def test_an_unknown_model_is_a_404_with_our_message(local, call):
      "images"),
     (lambda c: c.generate(model=MODEL, prompt="x", width=64, height=64), 400, "width: image generation"),
     (lambda c: c.generate(model=MODEL, prompt="x", context=[10**6]), 400, "context: token id 1000000 is outside"),
-    (lambda c: c.pull("tiny"), 501, "model management is not available"),
-    (lambda c: c.delete("tiny"), 501, "model management is not available"),
-    (lambda c: c.copy("tiny", "other"), 501, "model management is not available")])
+    (lambda c: c.pull("tiny"), 400, "'tiny' names no hub repository: pull hf.co/ORG/REPO[:QUANT]"),
+    (lambda c: c.delete("tiny"), 404, "model 'tiny' not found"),
+    (lambda c: c.copy("tiny", "other"), 404, "model 'tiny' not found"),
+    (lambda c: c.push("tiny"), 501, "not available here; models come from the Hugging Face hub"),
+    (lambda c: c.create("mine", from_="tiny"), 501, "not available here")])
 def test_what_is_not_available_is_refused_by_name(local, call, status, says):
     with pytest.raises(ollama.ResponseError) as caught:
         call(local)
@@ -338,5 +340,8 @@ def test_openapi_lists_the_routes_their_streams_and_errors(server):
     assert "application/x-ndjson" in chat["200"]["content"]
     assert chat["404"]["content"]["application/json"]["schema"]["$ref"] == "#/components/schemas/OllamaError"
     assert "429" not in chat and "waiting line" in chat["503"]["description"]  # Ollama's 503 for a full queue
-    pull = spec["paths"]["/api/pull"]["post"]["responses"]["501"]
-    assert pull["content"]["application/json"]["schema"]["$ref"] == "#/components/schemas/OllamaError"
+    pull = spec["paths"]["/api/pull"]["post"]["responses"]
+    assert "application/x-ndjson" in pull["200"]["content"]
+    assert pull["502"]["content"]["application/json"]["schema"]["$ref"] == "#/components/schemas/OllamaError"
+    push = spec["paths"]["/api/push"]["post"]["responses"]["501"]
+    assert push["content"]["application/json"]["schema"]["$ref"] == "#/components/schemas/OllamaError"

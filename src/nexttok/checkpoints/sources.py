@@ -1,16 +1,18 @@
 """Where a checkpoint lives: a name → a local directory of HF files or a .gguf file, and a tokenizer.
 
 A name is a local directory; a .gguf file; a bundled model name or "default" (its GGUF file, in
-its package or joined from part packages into the nexttok cache: bundled.py); or a Hugging Face
-hub id, found in the HF cache or downloaded. This is the only module that knows where things live
-(bundled.py is its lower half). It imports no torch, so `nexttok tokenize` and `import nexttok`
-stay light; loading.py builds a model from what is found here.
+its package or joined from part packages into the nexttok cache: bundled.py); a name `nexttok pull`
+stored (hf.co/ORG/REPO:QUANT, found also as ORG/REPO:QUANT or ORG/REPO for :latest: store.py); or
+a Hugging Face hub id, found in the HF cache or downloaded. This is the only module that knows where
+things live (bundled.py and store.py are its lower half). It imports no torch, so `nexttok tokenize`
+and `import nexttok` stay light; loading.py builds a model from what is found here.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from nexttok.checkpoints import store
 from nexttok.checkpoints.bundled import (
     BUNDLED_MODELS,
     BUNDLED_TOKENIZERS,
@@ -51,8 +53,8 @@ def looks_like_path(name: str) -> bool:
 
 def local_checkpoint(source: str | Path, *, missing: str = "file or directory") -> Path | None:
     """The checkpoint a source names without the hub: a directory; a .gguf file; the GGUF file of
-    a bundled model name or "default". None for anything else (a hub id, or a file that is not a
-    GGUF); FileNotFoundError("no such {missing}") for a path that does not exist."""
+    a bundled model name or "default", or of a stored name. None for anything else (a hub id, or a
+    file that is not a GGUF); FileNotFoundError("no such {missing}") for a path that does not exist."""
     path, name = Path(source), str(source)
     if path.is_dir():
         return path
@@ -62,7 +64,21 @@ def local_checkpoint(source: str | Path, *, missing: str = "file or directory") 
         return bundled_model_file(DEFAULT_MODEL if name == "default" else name)
     if looks_like_path(name):
         raise FileNotFoundError(f"no such {'GGUF file' if path.suffix == '.gguf' else missing}: {name}")
+    stored = store.find(name)
+    if stored is not None:
+        return stored.blob
+    if wants_pull(name):
+        raise CheckpointNotFound(f"{name} is not pulled yet: nexttok pull {name}")
     return None
+
+
+def wants_pull(name: str) -> bool:
+    """A name only `nexttok pull` can bring: hf.co/ORG/REPO[:QUANT], or ORG/REPO:QUANT (a hub id
+    has no tag); wants_pull("org/repo") is False (a hub checkpoint, fetched by its id)."""
+    parsed = store.parse_or_none(name)
+    if parsed is None or not parsed.host or looks_like_path(name):
+        return False
+    return name.lower().startswith(store.HUB_ALIASES) or ":" in name
 
 
 def hub_snapshot(repo_id: str, patterns: list[str]) -> Path:

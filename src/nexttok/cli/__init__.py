@@ -1,6 +1,6 @@
 """Command-line front end: argparse and rich over the library; nothing here computes. One module per
 group of commands (text: tokenize, run; chat; explain: explain, neighbors; serve: serve, bench;
-models: models, convert; traces: replay, diff)."""
+models: models, convert; store: pull, list, ps, rm, cp; traces: replay, diff)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 
 from rich.console import Console
 
-from nexttok.cli import chat, explain, models, serve, text, traces
+from nexttok.cli import chat, explain, models, serve, store, text, traces
 from nexttok.cli.common import escape
 from nexttok.home import cache_home
 
@@ -18,7 +18,7 @@ from nexttok.home import cache_home
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nexttok", description="See how a language model makes text.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for group in (text, chat, explain, serve, models, traces):
+    for group in (text, chat, explain, serve, models, store, traces):
         group.add_parsers(sub)
     return parser
 

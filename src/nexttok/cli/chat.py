@@ -324,10 +324,12 @@ class ChatSession:
 
 def cmd_chat(args: argparse.Namespace, out: Console) -> int:
     from nexttok.checkpoints.loading import load_checkpoint
+    from nexttok.cli.pulling import ensure_pulled
 
     if args.context is not None and args.context < 2:
         raise ValueError(f"--context must be >= 2, got {args.context}")
     common.sampling_params(args)  # bad flags fail before the model loads
+    ensure_pulled(args.model)
     Console(stderr=True).print(f"[dim]loading {common.escape(args.model)} ...[/]")
     checkpoint = load_checkpoint(args.model, dtype=args.dtype, device=args.device, compile=args.compile)
     session = ChatSession(checkpoint, args.model, args, out)

@@ -121,7 +121,11 @@ def load(model: str, args: argparse.Namespace):
 
 def load_checkpoint(model: str, args: argparse.Namespace):
     """The checkpoint; with --tensor-parallel N > 1 the model is split over N ranks (rank 0
-    returns; any other rank, under torchrun, follows rank 0 and exits inside this call)."""
+    returns; any other rank, under torchrun, follows rank 0 and exits inside this call). A hub name
+    not pulled yet (hf.co/ORG/REPO:QUANT) is pulled first."""
+    from nexttok.cli.pulling import ensure_pulled
+
+    ensure_pulled(model)
     if getattr(args, "tensor_parallel", 1) != 1:  # load_parallel checks N
         from nexttok.parallel.model import load_parallel
 

@@ -11,6 +11,11 @@ from nexttok.cli import common
 
 
 def cmd_serve(args: argparse.Namespace, out: Console) -> int:
+    from nexttok.cli.client import host_and_port
+
+    configured = host_and_port()  # $NEXTTOK_HOST, where `nexttok run` and `chat` look for this server
+    args.host = args.host if args.host is not None else configured[0]
+    args.port = args.port if args.port is not None else configured[1]
     sock = _listen(args.host, args.port)  # before anything slow: a bad or busy port fails at once
     try:
         return _serve(args, sock)
@@ -46,9 +51,12 @@ def _listen(host: str, port: int):
 
 
 def _serve(args: argparse.Namespace, sock) -> int:
+    import functools
     import os
 
+    from nexttok.cli.pulling import ensure_pulled
     from nexttok.server import ServerLimits, create_app, load_served, serve_in_main_thread
+    from nexttok.server.pool import keep_alive_seconds, stored_name
 
     sources = args.models or [DEFAULT_MODEL]
     names = args.served_model_name or []
@@ -56,19 +64,29 @@ def _serve(args: argparse.Namespace, sock) -> int:
         raise ValueError(f"--served-model-name given {len(names)} times for {len(sources)} models")
     if args.tensor_parallel > 1 and len(sources) > 1:
         raise ValueError(f"--tensor-parallel serves one model, got {len(sources)}")
+    if args.max_loaded < 1:
+        raise ValueError(f"--max-loaded must be >= 1, got {args.max_loaded}")
+    try:
+        keep_alive = keep_alive_seconds(args.keep_alive)
+    except ValueError as e:
+        raise ValueError(f"--keep-alive: {e}") from None
     err = Console(stderr=True)
     served = []
     for i, source in enumerate(sources):
+        ensure_pulled(source)
         err.print(f"[dim]loading {source} ...[/]")
-        name = names[i] if names else None
+        name = names[i] if names else _stored_name(source)
         served.append(_load_parallel(source, name, args) if args.tensor_parallel != 1 else
                       load_served(source, name, dtype=args.dtype, device=args.device, compile=args.compile))
     api_key = args.api_key or os.environ.get("NEXTTOK_API_KEY")
     limits = ServerLimits(max_running=args.max_running, max_queue=args.max_queue,
                           request_timeout=args.request_timeout or None, max_model_len=args.max_model_len or None,
                           batch_invariant=not args.no_batch_invariance, max_body_bytes=args.max_body_bytes,
-                          prefix_cache_tokens=0 if args.tensor_parallel != 1 else args.prefix_cache_tokens)
-    app = create_app(served, api_key=api_key, limits=limits, start_schedulers=False)
+                          prefix_cache_tokens=0 if args.tensor_parallel != 1 else args.prefix_cache_tokens,
+                          keep_alive=keep_alive, max_loaded=args.max_loaded)
+    loader = functools.partial(load_served, dtype=args.dtype, device=args.device, compile=args.compile)
+    app = create_app(served, api_key=api_key, limits=limits, start_schedulers=False, loader=loader,
+                     loadable=_refuse_all if args.tensor_parallel != 1 else stored_name)
     group = _attach_parallel(served[0]) if args.tensor_parallel != 1 else None
     if group is not None:
         err.print("[dim]tensor parallel: the prefix cache is off (each rank would need a pool of its own)[/]")
@@ -82,6 +100,22 @@ def _serve(args: argparse.Namespace, sock) -> int:
     if group is not None:
         group.check()  # a lost rank ended the server: say so (one line) and exit non-zero
     return 0
+
+
+def _stored_name(source: str) -> str | None:
+    """A stored model is served under its stored name (hf.co/Org/Repo:Q4_K_M for org/repo:q4_k_m),
+    the name a request for any of its spellings finds; None for anything else (its name as given)."""
+    from pathlib import Path
+
+    from nexttok.checkpoints import store
+
+    manifest = None if Path(source).exists() else store.find(source)
+    return manifest.name if manifest is not None else None
+
+
+def _refuse_all(name: str) -> None:
+    """With --tensor-parallel the server runs its one model: nothing loads on demand."""
+    return None
 
 
 def _load_parallel(source: str, name: str | None, args: argparse.Namespace):
@@ -143,8 +177,9 @@ def _add_serve_parser(sub) -> None:
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
     serve.add_argument("models", nargs="*", metavar="MODEL",
                        help=f"models to serve (default: the bundled {DEFAULT_MODEL})")
-    serve.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--host", default=None, help="bind address (default: $NEXTTOK_HOST's, else 127.0.0.1: "
+                       "loopback only)")
+    serve.add_argument("--port", type=int, default=None, help="(default: $NEXTTOK_HOST's, else 8000)")
     serve.add_argument("--api-key", default=None,
                        help="require 'Authorization: Bearer KEY' (also $NEXTTOK_API_KEY)")
     serve.add_argument("--served-model-name", action="append", help="name clients use (one per model)")
@@ -164,6 +199,13 @@ def _add_serve_parser(sub) -> None:
                        "generated are the same either way; 0 = off (default 8192)")
     serve.add_argument("--max-model-len", type=int, default=4096,
                        help="prompt + completion tokens per request; 0 = the model's context (default 4096)")
+    serve.add_argument("--keep-alive", default="5m", metavar="DURATION",
+                       help="how long a model loaded on first use stays once idle: seconds or a duration "
+                       "(\"5m\", \"1h30m\"); negative: forever; a request's keep_alive overrides it (default 5m; "
+                       "the MODELs named here stay)")
+    serve.add_argument("--max-loaded", type=int, default=3, metavar="N",
+                       help="models loaded on first use kept at once; past it the least recently used idle one is "
+                       "unloaded (default 3; the MODELs named here not counted)")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     common.add_parallel_args(serve)
     serve.set_defaults(func=cmd_serve)

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import socket
-from pathlib import Path
 
 import uvicorn
 
-from nexttok.checkpoints.loading import load_checkpoint
 from nexttok.server.app import create_app
-from nexttok.server.engine import ServedModel
+from nexttok.server.engine import ServedModel, load_served
 from nexttok.server.limits import ServerLimits
 
 __all__ = ["Server", "ServedModel", "ServerLimits", "create_app", "load_served", "serve_in_main_thread"]
@@ -74,12 +72,3 @@ def _run_http(server: Server, sock: socket.socket | None, ended: list[str]) -> N
         ended.append(f"{'stopped' if server.started else 'could not start'} ({type(e).__name__}: {e})")
     if ended:
         server.app.state.shutdown()
-
-
-def load_served(source: str, name: str | None = None, *, dtype=None, device=None, compile=False) -> ServedModel:
-    """Load a checkpoint for serving; its name defaults to the source as given (a path's folder name)."""
-    checkpoint = load_checkpoint(source, dtype=dtype, device=device, compile=compile)
-    path = Path(source)
-    default_name = path.name if path.exists() else str(source)
-    return ServedModel(name or default_name, checkpoint.model, checkpoint.tokenizer, checkpoint.chat_template,
-                       path=checkpoint.path)

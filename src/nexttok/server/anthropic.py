@@ -24,7 +24,7 @@ from nexttok.generation.tools import MAX_TOOLS
 from nexttok.server.anthropic_messages import Reply, chat_messages, chat_tools, output_format
 from nexttok.server.anthropic_stream import MessageEvents
 from nexttok.server.completions import chat_plan, chat_prompt
-from nexttok.server.engine import ServedModel, find_served
+from nexttok.server.engine import ServedModel
 from nexttok.server.errors import ErrorShape
 from nexttok.server.scheduler import GenerationFailed, RequestTimeout, ShuttingDown
 from nexttok.server.schemas import ChatRequest, StopStrings, Strict, bounded
@@ -102,13 +102,13 @@ router = APIRouter()
 
 @router.post(MESSAGES)
 async def create_message(body: MessagesRequest, request: Request):
-    return await _create(find_served(request.app.state.models, body.model), body)
+    return await _create(await request.app.state.pool.get(body.model), body)
 
 
 @router.post(COUNT_TOKENS)
 async def count_tokens(body: CountTokensRequest, request: Request):
     """The prompt's tokens as /v1/messages renders it (tools included), counted without generating."""
-    served = find_served(request.app.state.models, body.model)
+    served = await request.app.state.pool.get(body.model)
     return {"input_tokens": len(chat_prompt(served, chat_request(body))[0])}
 
 

@@ -4,13 +4,17 @@ Routes: POST /v1/completions, POST /v1/chat/completions (completions.py), POST /
 GET/DELETE /v1/responses/{id} (responses_api.py), POST /v1/messages and /v1/messages/count_tokens
 (Anthropic's Messages API, anthropic.py), POST /v1/embeddings (embeddings.py), GET /v1/models (and /{model}),
 POST /tokenize, POST /detokenize, GET /health, GET /metrics (routes.py), Ollama's native API under
-/api (ollama.py), the explainer page and its API (explainer.py). Errors use OpenAI's shape
+/api (ollama.py), the explainer page and its API (explainer.py). The models: the ones it was started
+with, and those it loads on first use and unloads when idle (pool.py). Errors use OpenAI's shape
 {"error": {"message", "type", "param", "code"}} (errors.py), Anthropic's and Ollama's on their
 routes; client mistakes are 4xx, never 500.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI
@@ -20,13 +24,14 @@ from nexttok.server.anthropic import install_anthropic_routes
 from nexttok.server.auth import install_api_key
 from nexttok.server.completions import install_generation_routes
 from nexttok.server.embeddings import install_embedding_routes
-from nexttok.server.engine import ServedModel, find_served
+from nexttok.server.engine import ServedModel, find_served, load_served
 from nexttok.server.errors import install_error_handlers
 from nexttok.server.lesson.routes import install_explainer
 from nexttok.server.limits import BodyLimit, ServerLimits, json_text_is_unicode
 from nexttok.server.metrics import Metrics
 from nexttok.server.ollama import install_ollama_routes
 from nexttok.server.openapi import openapi_spec
+from nexttok.server.pool import ModelPool, stored_name
 from nexttok.server.responses_api import install_responses_routes
 from nexttok.server.routes import install_routes
 from nexttok.server.scheduler import Scheduler
@@ -34,26 +39,38 @@ from nexttok.server.scheduler import Scheduler
 
 @asynccontextmanager
 async def _lifespan(app: FastAPI):
+    reaper = asyncio.create_task(app.state.pool.reap_forever())  # unloads models past their keep_alive
     yield
+    reaper.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await reaper
     app.state.shutdown()  # ends every stream still open with a clean error event
 
 
 def create_app(models: list[ServedModel], *, api_key: str | None = None,
-               limits: ServerLimits | None = None, start_schedulers: bool = True) -> FastAPI:
+               limits: ServerLimits | None = None, start_schedulers: bool = True,
+               loader: Callable[[str], ServedModel] = load_served,
+               loadable: Callable[[str], str | None] = stored_name) -> FastAPI:
     """The app; each model's batch scheduler starts in a thread of its own unless
-    start_schedulers=False (then the caller runs one with scheduler.run(), see nexttok serve)."""
+    start_schedulers=False (then the caller runs one with scheduler.run(), see nexttok serve).
+    Other models load on first use (pool.py): loadable(name) says under which name, if any,
+    loader(name) loads it; limits.keep_alive and max_loaded say how long and how many stay."""
     if not models:
         raise ValueError("a server needs at least one model")
     limits = limits or ServerLimits()
     app = FastAPI(title="nexttok", version="0.1.0", lifespan=_lifespan,
                   description="OpenAI-compatible text generation, one token at a time.",
                   dependencies=[Depends(json_text_is_unicode)])
-    app.state.models = {m.name: m for m in models}
     app.state.metrics = Metrics()
     app.state.limits = limits
     _attach_schedulers(models, limits, app.state.metrics, start=start_schedulers)
-    app.state.shutdown = lambda: [m.scheduler.stop() for m in models]
-    app.state.request_stop = lambda: [m.scheduler.request_stop() for m in models]
+    app.state.pool = ModelPool(
+        models, loader=loader, loadable=loadable, keep_alive=limits.keep_alive, max_loaded=limits.max_loaded,
+        attach=lambda served: _attach_schedulers([served], limits, app.state.metrics, start=False),
+        timeout=limits.request_timeout)
+    app.state.models = app.state.pool.models  # the loaded models, by name (the pool adds and removes them)
+    app.state.shutdown = app.state.pool.stop_all
+    app.state.request_stop = app.state.pool.request_stop_all
     install_error_handlers(app)
     install_api_key(app, api_key)
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)

@@ -14,7 +14,7 @@ from nexttok.generation.grammar import Constraint, check_schema_depth
 from nexttok.generation.loop import Generation, prompt_ids_for
 from nexttok.generation.sampling import SamplingParams
 from nexttok.generation.tools import Tool, from_functions, parse_choice, parse_tools, reply_schema, with_tools
-from nexttok.server.engine import ServedModel, find_served
+from nexttok.server.engine import ServedModel
 from nexttok.server.errors import APIError
 from nexttok.server.responses import ChatFormat, CompletionFormat, ResponseFormat, ToolCallFormat
 from nexttok.server.schemas import ChatRequest, CompletionRequest, OutputFormat, SamplingFields, stage_settings
@@ -88,11 +88,11 @@ def _output_schema(output: OutputFormat | None) -> dict | None:
 def install_generation_routes(app: FastAPI) -> None:
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest):
-        return await _complete(find_served(app.state.models, body.model), body)
+        return await _complete(await app.state.pool.get(body.model), body)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest):
-        return await _chat(find_served(app.state.models, body.model), body)
+        return await _chat(await app.state.pool.get(body.model), body)
 
 
 async def _complete(served: ServedModel, body: CompletionRequest):

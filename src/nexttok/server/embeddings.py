@@ -29,7 +29,7 @@ from pydantic import BaseModel, Field
 
 from nexttok.errors import InvalidParameter
 from nexttok.models.pooling import mean_pooled
-from nexttok.server.engine import ServedModel, find_served
+from nexttok.server.engine import ServedModel
 from nexttok.server.scheduler import RequestTimeout
 from nexttok.server.schemas import Strict, TokenId
 
@@ -77,7 +77,7 @@ class CreateEmbeddingResponse(BaseModel):
 def install_embedding_routes(app: FastAPI) -> None:
     @app.post("/v1/embeddings", responses={200: {"model": CreateEmbeddingResponse}})
     async def embeddings(body: CreateEmbeddingRequest):
-        served = find_served(app.state.models, body.model)
+        served = await app.state.pool.get(body.model)
         check_dimensions(served, body.dimensions)
         inputs = input_ids(served, body.input)
         vectors = await embed(app, served, inputs)

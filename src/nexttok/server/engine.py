@@ -1,4 +1,5 @@
-"""The models a server holds: each with its tokenizer, chat template and batch scheduler."""
+"""The models a server holds: each with its tokenizer, chat template and batch scheduler, and how
+one is loaded for serving."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nexttok.checkpoints.loading import load_checkpoint
 from nexttok.generation.loop import context_window
 from nexttok.models import Model
 from nexttok.server.errors import APIError
@@ -39,3 +41,12 @@ def find_served(models: Mapping[str, ServedModel], name: str | None) -> ServedMo
         raise APIError(404, f"The model {name!r} does not exist (served: {', '.join(models)})",
                        param="model", code="model_not_found")
     return models[name]
+
+
+def load_served(source: str, name: str | None = None, *, dtype=None, device=None, compile=False) -> ServedModel:
+    """Load a checkpoint for serving; its name defaults to the source as given (a path's folder name)."""
+    checkpoint = load_checkpoint(source, dtype=dtype, device=device, compile=compile)
+    path = Path(source)
+    default_name = path.name if path.exists() else str(source)
+    return ServedModel(name or default_name, checkpoint.model, checkpoint.tokenizer, checkpoint.chat_template,
+                       path=checkpoint.path)

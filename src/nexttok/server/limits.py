@@ -25,6 +25,8 @@ class ServerLimits:
     max_body_bytes: int = 4 << 20  # larger request bodies get 413
     # keys and values of recent prompts kept for reuse (prefix_cache.py), in tokens, per model; 0 = off
     prefix_cache_tokens: int = 8192
+    keep_alive: float | None = 300.0  # seconds a model loaded on demand stays once idle; None: forever
+    max_loaded: int = 3  # models loaded on demand at once (those the server started with not counted)
 
     def __post_init__(self) -> None:
         for name in ("max_running", "max_queue"):
@@ -36,6 +38,10 @@ class ServerLimits:
             raise ValueError(f"max_model_len must be an integer >= 2, got {self.max_model_len!r}")
         if type(self.max_body_bytes) is not int or self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be an integer >= 1024, got {self.max_body_bytes!r}")
+        if type(self.max_loaded) is not int or self.max_loaded < 1:
+            raise ValueError(f"max_loaded must be an integer >= 1, got {self.max_loaded!r}")
+        if self.keep_alive is not None and not self.keep_alive >= 0:
+            raise ValueError(f"keep_alive must be >= 0 seconds or None (forever), got {self.keep_alive!r}")
         tokens = self.prefix_cache_tokens
         if type(tokens) is not int or not (tokens == 0 or tokens >= BLOCK):
             raise ValueError(f"prefix_cache_tokens must be 0 (off) or an integer >= {BLOCK} (one block), "

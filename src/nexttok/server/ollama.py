@@ -23,7 +23,7 @@ from nexttok.server.completions import GenerationPlan, chat_plan
 from nexttok.server.embeddings import check_dimensions, embed, input_ids
 from nexttok.server.engine import ServedModel
 from nexttok.server.errors import ErrorShape
-from nexttok.server.ollama_models import ollama_served
+from nexttok.server.ollama_models import keep_alive_of, not_found, ollama_served
 from nexttok.server.ollama_models import router as model_router
 from nexttok.server.ollama_options import plan_of
 from nexttok.server.ollama_schemas import (
@@ -41,7 +41,9 @@ from nexttok.server.streaming import Run
 
 PREFIX = "/api"
 STREAMING_PATHS = {"/api/chat": "one JSON object a line; the last one has done: true",
-                   "/api/generate": "one JSON object a line; the last one has done: true"}
+                   "/api/generate": "one JSON object a line; the last one has done: true",
+                   "/api/pull": "one JSON object a line: pulling manifest, pulling <digest> (total, completed), "
+                                "verifying sha256 digest, writing manifest, success; or error, last"}
 
 
 def ollama_error(status: int, message: str, param: str | None, code: str | None, kind: str) -> dict:
@@ -65,9 +67,11 @@ def install_ollama_routes(app: FastAPI) -> None:
 @router.post("/api/chat")
 async def chat(body: OllamaChatRequest, request: Request):
     arrived = time.perf_counter()
-    served = ollama_served(request, body.model)
+    if not body.messages and await _unloaded(request, body):
+        return _loaded(body.model, {"message": {"role": "assistant", "content": ""}}, "unload")
+    served = await ollama_served(request, body.model, body.keep_alive)
     _check_generating(served, body)
-    if not body.messages:  # Ollama's way to load a model: it is loaded already
+    if not body.messages:  # Ollama's way to load a model: it is loaded now
         return _loaded(body.model, {"message": {"role": "assistant", "content": ""}})
     if served.chat_template is None:  # chat_plan's own message points at /v1/completions
         raise InvalidParameter("messages", f"messages: {served.name!r} has no chat template; use /api/generate, "
@@ -87,7 +91,9 @@ async def chat(body: OllamaChatRequest, request: Request):
 @router.post("/api/generate")
 async def generate(body: OllamaGenerateRequest, request: Request):
     arrived = time.perf_counter()
-    served = ollama_served(request, body.model)
+    if not body.prompt and not body.suffix and await _unloaded(request, body):
+        return _loaded(body.model, {"response": ""}, "unload")
+    served = await ollama_served(request, body.model, body.keep_alive)
     _check_generating(served, body)
     if body.images:
         raise InvalidParameter("images", "images: the models here read text only")
@@ -99,7 +105,7 @@ async def generate(body: OllamaGenerateRequest, request: Request):
                                "template does (or raw: true for none)")
     if body.raw and (body.system or body.context):
         raise InvalidParameter("raw", "raw mode does not support system or context")
-    if not body.prompt and not body.suffix:  # Ollama's way to load a model: it is loaded already
+    if not body.prompt and not body.suffix:  # Ollama's way to load a model: it is loaded now
         return _loaded(body.model, {"response": ""})
     ids, templated = _generate_ids(served, body)
     plan = _plan(body, _schema(body.format))
@@ -112,7 +118,7 @@ async def generate(body: OllamaGenerateRequest, request: Request):
 async def embed_texts(body: OllamaEmbedRequest, request: Request):
     """Each input's vector, the /v1/embeddings route's own (mean-pooled, L2-normalised)."""
     arrived = time.perf_counter()
-    served = ollama_served(request, body.model)
+    served = await ollama_served(request, body.model, body.keep_alive)
     check_dimensions(served, body.dimensions)
     texts = [body.input] if isinstance(body.input, str) else body.input
     if texts in ([], [""]):  # Ollama's answer to nothing to embed
@@ -127,7 +133,7 @@ async def embed_texts(body: OllamaEmbedRequest, request: Request):
 @router.post("/api/embeddings")
 async def embedding(body: OllamaEmbeddingsRequest, request: Request):
     """The older route: one prompt, one vector (the same vector /api/embed gives)."""
-    served = ollama_served(request, body.model)
+    served = await ollama_served(request, body.model, body.keep_alive)
     if not body.prompt:
         return {"embedding": []}
     vectors = await embed(request.app, served, input_ids(served, body.prompt, truncate=True))
@@ -216,6 +222,20 @@ async def _submit(served: ServedModel, ids: list[int], plan: GenerationPlan, wir
     return await answer(run, wire, stream=stream)
 
 
-def _loaded(model: str, text: dict) -> JSONResponse:
-    return JSONResponse({"model": model, "created_at": created_at(), **text, "done": True, "done_reason": "load"})
+async def _unloaded(request: Request, body: OllamaChatRequest | OllamaGenerateRequest) -> bool:
+    """keep_alive 0 with nothing to generate: Ollama's way to unload a model, now (a model the
+    server was started with stays). False for any other keep_alive."""
+    if keep_alive_of(request, body.keep_alive) != 0:
+        return False
+    pool = request.app.state.pool
+    served = pool.find(body.model)
+    if served is None and pool.loadable(body.model) is None:
+        raise not_found(request, body.model)
+    if served is not None:
+        await pool.unload(served.name)
+    return True
+
+
+def _loaded(model: str, text: dict, reason: str = "load") -> JSONResponse:
+    return JSONResponse({"model": model, "created_at": created_at(), **text, "done": True, "done_reason": reason})
 

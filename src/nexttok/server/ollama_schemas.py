@@ -54,8 +54,10 @@ Format = Annotated[Any, AfterValidator(_format), Field(description='"json" (any 
                                                        "the grammar stage holds the output to it")]
 Think = Annotated[Any, AfterValidator(_think), Field(description="false only: no model here has a thinking "
                                                      "mode (true or a level is a 400)")]
-KeepAlive = Annotated[Any, AfterValidator(_keep_alive), Field(description="accepted; models stay loaded for "
-                                                              "as long as the server runs")]
+KeepAlive = Annotated[Any, AfterValidator(_keep_alive), Field(description="how long the model stays loaded once "
+                                                              "idle: seconds or a duration (\"5m\"); negative: "
+                                                              "forever; 0: unloaded now; default the server's "
+                                                              "--keep-alive (a model the server started with stays)")]
 
 
 class OllamaOptions(Strict):
@@ -187,6 +189,26 @@ class OllamaShowRequest(Strict):
     system: str | None = Field(None, description="accepted, ignored")
     template: str | None = Field(None, description="accepted, ignored")
     options: dict[str, Any] | None = Field(None, description="accepted, ignored")
+
+
+class OllamaPullRequest(Strict):
+    model: str | None = Field(None, description="hf.co/ORG/REPO[:QUANT] or ORG/REPO[:QUANT]")
+    name: str | None = Field(None, description="deprecated spelling of model")
+    stream: bool = Field(True, description="progress as NDJSON, one object a line (the default); false: one "
+                         "object at the end")
+    insecure: bool | None = Field(None, description="accepted, ignored: the hub is reached over HTTPS")
+    username: str | None = Field(None, description="accepted, ignored: the hub's token is HF_TOKEN")
+    password: str | None = Field(None, description="accepted, ignored: the hub's token is HF_TOKEN")
+
+
+class OllamaDeleteRequest(Strict):
+    model: str | None = None
+    name: str | None = Field(None, description="deprecated spelling of model")
+
+
+class OllamaCopyRequest(Strict):
+    source: NonEmpty
+    destination: NonEmpty
 
 
 class OllamaError(BaseModel):

@@ -30,6 +30,12 @@ def model_card(served) -> dict:
             "max_model_len": served.context_length}
 
 
+def stored_card(manifest) -> dict:
+    """A stored model not loaded yet (its context is known once it is)."""
+    return {"id": manifest.name, "object": "model", "created": int(manifest.modified.timestamp()),
+            "owned_by": "nexttok"}
+
+
 def token_logprobs(tokenizer, steps: list[Step], top: int) -> list[dict]:
     """Each step as {token, logprob, bytes, top_logprobs: [its top alternatives]}: the entries of
     chat's logprobs.content and of the Responses API's output_text.logprobs."""

@@ -27,7 +27,7 @@ from pydantic import Field, ValidationError
 
 from nexttok.errors import InvalidParameter
 from nexttok.server.completions import chat_plan
-from nexttok.server.engine import ServedModel, find_served
+from nexttok.server.engine import ServedModel
 from nexttok.server.errors import APIError
 from nexttok.server.responses_items import (
     LOGPROBS,
@@ -91,7 +91,7 @@ def install_responses_routes(app: FastAPI) -> None:
 
     @app.post("/v1/responses")
     async def create_response(body: ResponsesRequest):
-        return await _create(find_served(app.state.models, body.model), body, store)
+        return await _create(await app.state.pool.get(body.model), body, store)
 
     @app.get("/v1/responses/{response_id}")
     async def retrieve_response(response_id: str):

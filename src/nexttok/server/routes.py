@@ -7,9 +7,9 @@ from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 
 from nexttok.errors import InvalidParameter
-from nexttok.server.engine import ServedModel, find_served
+from nexttok.server.engine import ServedModel
 from nexttok.server.errors import APIError
-from nexttok.server.responses import model_card
+from nexttok.server.responses import model_card, stored_card
 from nexttok.server.schemas import DetokenizeRequest, TokenizeRequest
 
 
@@ -29,13 +29,23 @@ def _install_status_routes(app: FastAPI) -> None:
 
     @app.get("/v1/models")
     async def list_models():
-        return {"object": "list", "data": [model_card(m) for m in app.state.models.values()]}
+        """The loaded models, then the stored ones the server would load on first use."""
+        pool = app.state.pool
+        return {"object": "list", "data": [*(model_card(m) for m in pool.models.values()),
+                                           *(stored_card(m) for m in pool.stored())]}
 
     # :path, because served names may be hub ids ("org/name"): the client sends the slash as %2F,
     # which reaches the router decoded
     @app.get("/v1/models/{model:path}")
     async def retrieve_model(model: str):
-        return model_card(find_served(app.state.models, model))
+        pool = app.state.pool
+        served = pool.find(model)
+        if served is not None:
+            return model_card(served)
+        stored = next((m for m in pool.stored() if pool.loadable(model) == m.name), None)
+        if stored is None:
+            raise pool.not_found(model)
+        return stored_card(stored)
 
 
 def _install_token_routes(app: FastAPI) -> None:
@@ -43,18 +53,18 @@ def _install_token_routes(app: FastAPI) -> None:
     async def tokenizer_info(model: str | None = None):
         """vLLM's route: the special tokens and chat template a client needs to tokenize as the
         server does (with POST /tokenize; lm-eval's remote tokenizer reads both)."""
-        return _tokenizer_info(find_served(app.state.models, model))
+        return _tokenizer_info(await app.state.pool.get(model))
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest):
-        served = find_served(app.state.models, body.model)
+        served = await app.state.pool.get(body.model)
         ids = _tokenize(served, body)
         return {"count": len(ids), "max_model_len": served.context_length, "tokens": ids,
                 "token_strs": [p.text for p in served.tokenizer.pieces(ids)]}
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest):
-        served = find_served(app.state.models, body.model)
+        served = await app.state.pool.get(body.model)
         try:
             return {"prompt": served.tokenizer.decode(body.tokens)}
         except ValueError as e:

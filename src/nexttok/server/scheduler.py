@@ -91,6 +91,7 @@ class Scheduler:
         self.running: list[Job] = []  # running[i] holds cache slot i
         self._wake = threading.Condition()
         self._stopping = False
+        self._stop_reason = "the server is shutting down"
         self._thread: threading.Thread | None = None
         self._done = threading.Event()
 
@@ -110,7 +111,7 @@ class Scheduler:
         """Steps of one generation as the worker produces them (none when its max_tokens is 0: the
         generator ends once the prompt is prefilled, its scores in generation.prompt_scores)."""
         if self._stopping:
-            raise ShuttingDown("the server is shutting down")
+            raise ShuttingDown(self._stop_reason)
         job = Job(generation, asyncio.get_running_loop(), asyncio.Queue())
         if self.timeout:
             job.deadline = job.submitted + self.timeout
@@ -152,6 +153,7 @@ class Scheduler:
         """End the loop, then every request still open with ShuttingDown."""
         with self._wake:
             self._stopping = True
+            self._stop_reason = reason
             self._wake.notify()
         if self._thread is not None or self._running_loop:
             self._done.wait(timeout=30)
