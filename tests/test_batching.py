@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -187,7 +188,8 @@ def test_request_timeout(chat_model_dir):
         assert _complete(live.url, prompt="quick", max_tokens=3).status_code == 200  # still serving
 
 
-def test_a_failing_request_leaves_the_others_alone(chat_model_dir, monkeypatch):
+def test_a_failing_request_leaves_the_others_alone(chat_model_dir, monkeypatch, caplog):
+    """...and the server's log keeps each failure with its traceback (the client sees one line)."""
     original = Generation.sample
 
     def sample(self, logits, elapsed, prefill):
@@ -209,6 +211,9 @@ def test_a_failing_request_leaves_the_others_alone(chat_model_dir, monkeypatch):
         assert events[-1] == "[DONE]" and "injected failure" in events[-2]["error"]["message"]
         assert [h.result().json()["choices"][0]["text"] for h in healthy] == [expected, expected]
         assert _metrics(live.url)["nexttok_failed_total"] == 2
+    failures = [r for r in caplog.records if r.name == "nexttok.server" and "generation failed" in r.getMessage()]
+    assert len(failures) == 2 and all("injected failure" in r.getMessage() for r in failures)
+    assert all(r.exc_info and "in sample" in "".join(traceback.format_exception(*r.exc_info)) for r in failures)
 
 
 def test_slow_reader_does_not_hold_up_others(chat_model_dir):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import threading
 import time
 from collections.abc import AsyncGenerator
@@ -32,6 +33,8 @@ from nexttok.models.cache import SlotCache
 from nexttok.models.quant import rows_independent
 from nexttok.server.metrics import Metrics
 from nexttok.server.prefix_cache import PrefixCache, prefill
+
+log = logging.getLogger("nexttok.server")
 
 
 class QueueFull(Exception):
@@ -272,6 +275,9 @@ class Scheduler:
             self._release(slot)
 
     def _fail(self, slot: int, job: Job, error: Exception) -> None:
+        """The request ends with an error its client sees in one line; the log keeps the traceback
+        (nothing else records where a failure happened)."""
+        log.error("generation failed in slot %d: %s: %s", slot, type(error).__name__, error, exc_info=error)
         self.metrics.inc("failed_total")
         job.emit(GenerationFailed(f"generation failed: {type(error).__name__}: {error}"))
         self._release(slot)
