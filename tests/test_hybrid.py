@@ -84,11 +84,13 @@ def test_a_state_goes_back_only_to_the_start(pairs):
     torch.testing.assert_close(ours(ids, cache), first, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("name", ["lfm2", "qwen3_5"])
 @torch.inference_mode()
-def test_server_slots_decode_together_as_alone(pairs):
+def test_server_slots_decode_together_as_alone(pairs, name):
     """The server's SlotCache: each slot's state is its own (a claimed slot starts from zeros, a
-    released one takes the last slot's state), rows at lengths of their own, scratch rows."""
-    _, ours, _ = pairs("lfm2")
+    released one takes the last slot's state), rows at lengths of their own, scratch rows; for LFM2's
+    convolutions and Qwen3.5's DeltaNet states alike."""
+    _, ours, _ = pairs(name)
     prompts = [_ids(n, seed=40 + n)[0].tolist() for n in (29, 6, 31)]
 
     def decode(group, release_first=False):

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nexttok.models.cache import KVCache, SlotCache, StateRollback
+from nexttok.models.cache import KVCache, StateRollback
 from nexttok.models.gated_deltanet import delta_chunked, delta_step, l2norm
 from tiny_models import VOCAB, write_tiny, write_tiny_tokenizer
 
@@ -125,38 +125,6 @@ def test_the_state_stays_one_size_while_the_keys_grow(pairs):
     assert sizes == [3 * per_layer] * 3 and cache.offset == 160
     with pytest.raises(StateRollback, match=r"recurrent layers \[0, 2, 3\] keep a state"):
         cache.truncate(5)
-
-
-@torch.inference_mode()
-def test_server_slots_decode_together_as_alone(pairs):
-    """The server's SlotCache: each slot's states are its own (a claimed slot starts from zeros, a
-    released one takes the last slot's), rows at lengths of their own, scratch rows."""
-    _, ours, _ = pairs("qwen3_5")
-    prompts = [_ids(n, seed=40 + n)[0].tolist() for n in (29, 6, 31)]
-
-    def decode(group, release_first=False):
-        cache = SlotCache.for_model(ours.config, slots=3, max_len=48)
-        if release_first:  # a slot used and given back before: its state must not leak
-            ours(torch.tensor([prompts[2]]), cache.row(cache.claim()))
-            cache.release(0)
-        out = [[ours(torch.tensor([p]), cache.row(cache.claim()), last_only=True)[0, -1]] for p in group]
-        for step in range(5):
-            if step == 2 and len(group) == 3:  # the first leaves; the last moves into its slot
-                cache.release(0)
-                out, group = [out[2], out[1], out[0]], [group[2], group[1]]
-            view = cache.running_view(3)
-            ids = torch.tensor([[int(out[min(r, len(group) - 1)][-1].argmax())] for r in range(view.n)])
-            positions = torch.tensor([[cache.lengths[min(r, len(group) - 1)]] for r in range(view.n)])
-            logits = ours(ids, view, positions, last_only=True)[:, -1]
-            view.release_scratch()
-            for r in range(len(group)):
-                out[r].append(logits[r])
-        return out
-
-    together = decode(prompts)
-    for p, seq in zip((prompts[2], prompts[1]), together[:2], strict=True):  # the last (moved), the middle
-        alone = decode([p], release_first=True)[0]
-        torch.testing.assert_close(torch.stack(alone), torch.stack(seq), atol=ATOL, rtol=0)
 
 
 @torch.inference_mode()
