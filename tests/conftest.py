@@ -93,13 +93,17 @@ def nexttok_home(tmp_path_factory):
     built = kernels.build_dir()  # in the user's cache: NEXTTOK_HOME is not ours yet
     if built.is_dir():
         shutil.copytree(built, home / built.relative_to(cache_home()), dirs_exist_ok=True)
-    previous = os.environ.get("NEXTTOK_HOME")
-    os.environ["NEXTTOK_HOME"] = str(home)
+    # `nexttok run` and `chat` use a server at $NEXTTOK_HOST when one answers: here never one a
+    # developer runs (port 9 is privileged: no test's server gets it either; a test sets its own)
+    wanted = {"NEXTTOK_HOME": str(home), "NEXTTOK_HOST": "127.0.0.1:9"}
+    previous = {name: os.environ.get(name) for name in wanted}
+    os.environ.update(wanted)
     yield home
-    if previous is None:
-        del os.environ["NEXTTOK_HOME"]
-    else:
-        os.environ["NEXTTOK_HOME"] = previous
+    for name, value in previous.items():
+        if value is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,7 @@ and `import nexttok` stay light; loading.py builds a model from what is found he
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nexttok.checkpoints import store
 from nexttok.checkpoints.bundled import (
@@ -20,11 +21,12 @@ from nexttok.checkpoints.bundled import (
     bundled_model_file,
     tokenizer_dir,
 )
-from nexttok.checkpoints.gguf.reader import GGUFFile, read_gguf, read_gguf_tokenizer
 from nexttok.home import cache_home
-from nexttok.models.config import CheckpointError
 from nexttok.tokenizers.from_json import from_directory, from_tokenizer_json, tokenizer_from_json
 from nexttok.tokenizers.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from nexttok.checkpoints.gguf.reader import GGUFFile
 
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt"]
 CHECKPOINT_FILES = ["config.json", "generation_config.json", "*.safetensors",
@@ -37,11 +39,15 @@ class CheckpointNotFound(FileNotFoundError):
 
 def open_gguf(path: Path) -> GGUFFile:
     """A GGUF file, its parsed metadata kept in the nexttok cache (the next open is instant)."""
+    from nexttok.checkpoints.gguf.reader import read_gguf  # the reader maps onto models/, which brings torch
+
     return read_gguf(path, index_dir=cache_home() / "gguf")
 
 
 def gguf_tokenizer(path: Path) -> Tokenizer:
     """The tokenizer in a GGUF file's metadata, read alone: any architecture, weights or none."""
+    from nexttok.checkpoints.gguf.reader import read_gguf_tokenizer
+
     tokenizer, _ = read_gguf_tokenizer(path, index_dir=cache_home() / "gguf")
     return tokenizer_from_json(tokenizer, f"{path.name} (tokenizer metadata)")
 
@@ -114,6 +120,8 @@ def resolve_checkpoint(source: str | Path) -> Path:
     if found is not None:
         return found
     if Path(source).exists():
+        from nexttok.models.config import CheckpointError
+
         raise CheckpointError(
             f"{source} is a file; give the checkpoint directory (config.json + *.safetensors)"
         )

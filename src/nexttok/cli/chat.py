@@ -6,6 +6,11 @@ kept for the answer) would not fit the context window, the oldest turns are drop
 prompt kept, and the REPL says how many and how many tokens. Ctrl-C during an answer stops it and
 the partial answer is kept in the history as it stands, unmarked: the model sees what it said, as
 after a max_tokens cut. An answer stopped before its first token takes its message with it.
+
+With a nexttok server answering at $NEXTTOK_HOST that serves the model, the chat goes through it
+(remote.py): the server's chat template renders the conversation (/tokenize: the same ids), its
+context window bounds it, and each answer streams from /v1/completions; the model stays loaded
+there for the next chat. One dim line says which way it went.
 """
 
 from __future__ import annotations
@@ -52,10 +57,11 @@ def _oldest_turn_dropped(turns: list[dict]) -> list[dict]:
 
 
 class Conversation:
-    """The messages of one chat and what they cost in tokens under the model's template."""
+    """The messages of one chat and what they cost in tokens under the model's template (encode:
+    the server's rendering instead, (messages, generation_prompt) -> ids)."""
 
-    def __init__(self, template, tokenizer, system: str | None = None):
-        self.template, self.tokenizer = template, tokenizer
+    def __init__(self, template, tokenizer, system: str | None = None, encode=None):
+        self.template, self.tokenizer, self.encode = template, tokenizer, encode
         self.system, self.turns = system, []
 
     def messages(self, turns: list[dict] | None = None) -> list[dict]:
@@ -66,6 +72,8 @@ class Conversation:
         """Token ids of messages as the template writes them (the server encodes the same way)."""
         if not messages:
             return []
+        if self.encode is not None:
+            return self.encode(messages, generation_prompt)
         return self.tokenizer.encode(self.template.render(messages, add_generation_prompt=generation_prompt))
 
     def used(self) -> int:
@@ -100,7 +108,7 @@ class Conversation:
         turns = [{"role": m["role"], "content": m["content"]} for m in messages[has_system:]]
         system = messages[0]["content"] if has_system else None
         if messages:
-            self.template.render(messages)  # a template that refuses them says so now, not at the next turn
+            self.ids(messages)  # a template that refuses them says so now, not at the next turn
         self.system, self.turns = system, turns
 
 
@@ -135,22 +143,32 @@ def _number(name: str, text: str):
 
 
 class ChatSession:
-    """One REPL: its conversation, settings and the commands that change them."""
+    """One REPL: its conversation, settings and the commands that change them. The model is the
+    checkpoint in this process, or (server) one a nexttok server serves (checkpoint None)."""
 
-    def __init__(self, checkpoint, name: str, args: argparse.Namespace, out: Console):
-        from nexttok.generation.loop import context_window
-
-        if checkpoint.chat_template is None:
-            raise ValueError(f"{name} has no chat template (none in its tokenizer_config.json, "
-                             "chat_template.jinja or GGUF metadata); `nexttok run` completes plain text")
-        self.model, self.tokenizer, self.name, self.out = checkpoint.model, checkpoint.tokenizer, name, out
+    def __init__(self, checkpoint, name: str, args: argparse.Namespace, out: Console, server=None):
+        self.name, self.out, self.server = name, out, server
         self.checkpoint, self.trace, self.replies = checkpoint, args.trace, 0  # --trace FILE: FILE-1.jsonl, ...
         self.err = Console(stderr=True, soft_wrap=True)
-        self.chat = Conversation(checkpoint.chat_template, checkpoint.tokenizer, args.system or None)
-        self.context = context_window(self.model.config, args.context)
+        if server is not None:
+            self.chat = Conversation(None, None, args.system or None, encode=server.encode)
+            self.chat.ids([{"role": "user", "content": ""}])  # the server loads it; no template: an error now
+            self.context = min(server.context, args.context or server.context)
+        else:
+            self._here(checkpoint, args)
         params = common.sampling_params(args)  # the library's checks, as `run` makes them
         self.sampling = {n: getattr(params, n) for n in SAMPLING}
         self.max_tokens = _check_max_tokens(args.max_tokens, self.context)
+
+    def _here(self, checkpoint, args: argparse.Namespace) -> None:
+        from nexttok.generation.loop import context_window
+
+        if checkpoint.chat_template is None:
+            raise ValueError(f"{self.name} has no chat template (none in its tokenizer_config.json, "
+                             "chat_template.jinja or GGUF metadata); `nexttok run` completes plain text")
+        self.model, self.tokenizer = checkpoint.model, checkpoint.tokenizer
+        self.chat = Conversation(checkpoint.chat_template, checkpoint.tokenizer, args.system or None)
+        self.context = context_window(self.model.config, args.context)
         self.stop_ids = list(self.model.config.eos_token_id)
         for text in checkpoint.chat_template.stop_texts:  # e.g. <|im_end|>; gpt-oss's <|return|>, <|call|>
             eot = self.tokenizer.token_to_id(text)
@@ -231,9 +249,12 @@ class ChatSession:
         from nexttok.generation.sampling import SamplingParams
 
         params = SamplingParams(**self.sampling)
-        steps = stream(self.model, self.tokenizer, ids, params, max_tokens=self.max_tokens,
-                       stop_token_ids=self.stop_ids, top_n=traces.TOP_N)
-        trace = self._trace(ids, params)
+        if self.server is not None:
+            steps, trace = self.server.answer(ids, self.max_tokens, self.sampling), None
+        else:
+            steps = stream(self.model, self.tokenizer, ids, params, max_tokens=self.max_tokens,
+                           stop_token_ids=self.stop_ids, top_n=traces.TOP_N)
+            trace = self._trace(ids, params)
         parts, finish = [], None
         try:
             for step in steps:
@@ -322,20 +343,43 @@ class ChatSession:
                        f"({self.chat.used()} tokens)")
 
 
-def cmd_chat(args: argparse.Namespace, out: Console) -> int:
-    from nexttok.checkpoints.loading import load_checkpoint
-    from nexttok.cli.pulling import ensure_pulled
+IN_PROCESS_ONLY = {"--trace": None, "--dtype": None, "--device": None, "--compile": False}
 
+
+def cmd_chat(args: argparse.Namespace, out: Console) -> int:
     if args.context is not None and args.context < 2:
         raise ValueError(f"--context must be >= 2, got {args.context}")
     common.sampling_params(args)  # bad flags fail before the model loads
+    from nexttok.cli.pulling import ensure_pulled
+
     ensure_pulled(args.model)
-    Console(stderr=True).print(f"[dim]loading {common.escape(args.model)} ...[/]")
-    checkpoint = load_checkpoint(args.model, dtype=args.dtype, device=args.device, compile=args.compile)
-    session = ChatSession(checkpoint, args.model, args, out)
+    session = _session(args, out)
     with contextlib.suppress(ImportError):  # not on every platform; plain input() still works
         import readline  # noqa: F401  (importing it gives input() line editing and history)
     return session.repl()
+
+
+def _session(args: argparse.Namespace, out: Console) -> ChatSession:
+    """The chat through the server when one serves the model (remote.py), else here; a dim line says which."""
+    from nexttok.checkpoints.loading import load_checkpoint
+    from nexttok.cli import remote
+
+    err = Console(stderr=True, soft_wrap=True)
+    use_server, line = remote.where(args, args.model, remote.in_process_only(args, IN_PROCESS_ONLY))
+    if use_server:
+        try:
+            session = ChatSession(None, args.model, args, out, server=remote.ServerModel(args.model))
+            err.print(f"[dim]{common.escape(line)}[/]")
+            return session
+        except remote.ServerError as e:
+            if e.status != 404:
+                raise
+            line = remote.fallback_line(args.model, e)
+    err.print(f"[dim]loading {common.escape(args.model)} ...[/]")
+    checkpoint = load_checkpoint(args.model, dtype=args.dtype, device=args.device, compile=args.compile)
+    session = ChatSession(checkpoint, args.model, args, out)
+    err.print(f"[dim]{common.escape(line)}[/]")  # once it loaded: an error before it is the one line
+    return session
 
 
 def add_parsers(sub) -> None:
@@ -354,4 +398,6 @@ def add_parsers(sub) -> None:
     p.add_argument("--dtype", default=None, help=common.DTYPE_HELP)
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     p.add_argument("--compile", action="store_true", help=common.COMPILE_HELP)
+    p.add_argument("--no-server", action="store_true",
+                   help="load the model in this process even when a nexttok server answers at $NEXTTOK_HOST")
     p.set_defaults(func=cmd_chat)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import sys
 
@@ -56,8 +57,13 @@ def _step_record(step) -> dict:
     return record
 
 
+IN_PROCESS_ONLY = {"--json": False, "--speculative": None, "--no-cache": False, "--tensor-parallel": 1,
+                   "--compile": False, "--dtype": None, "--device": None}
+
+
 def cmd_run(args: argparse.Namespace, out: Console) -> int:
-    from nexttok.generation.trace import grammar_record
+    from nexttok.cli import remote
+    from nexttok.cli.pulling import ensure_pulled
 
     name, prompt = common.model_and_prompt(args)
     params = common.sampling_params(args)  # checked before the model loads
@@ -66,7 +72,55 @@ def cmd_run(args: argparse.Namespace, out: Console) -> int:
     if args.speculative and args.no_cache:
         raise ValueError("--speculative verifies drafts through the KV cache: drop --no-cache")
     _check_draft_tokens(args)
+    ensure_pulled(name)
+    needs_here = remote.in_process_only(args, IN_PROCESS_ONLY)
+    if needs_here is None and len(stops) > remote.MAX_STOP:
+        needs_here = f"more than {remote.MAX_STOP} --stop"
+    use_server, line = remote.where(args, name, needs_here)
+    err = Console(stderr=True, soft_wrap=True)
+    if use_server:
+        try:
+            return _run_on_server(remote.ServerModel(name), prompt, args, remote.sampling_of(params), stops, schema,
+                                  line, err)
+        except remote.ServerError as e:
+            if e.status != 404:
+                raise
+            line = remote.fallback_line(name, e)
+    return _run_here(name, prompt, args, params, stops, schema, line)
+
+
+def _run_on_server(model, prompt: str, args, sampling: dict, stops, schema, line: str, err: Console) -> int:
+    """The run through the server: the dim line once it answers (a 404 before: ServerError, and the
+    run goes on here), the text as it comes, the same summary line."""
+    from nexttok.cli import remote
+
+    said = []
+
+    def write(text: str) -> None:
+        if not said:
+            err.print(f"[dim]{common.escape(line)}[/]")
+            said.append(True)
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    done = remote.run(model, prompt, args, sampling, stops, schema, write)
+    if not said:
+        write("")
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    rate = f"{(done.count - 1) / done.decode:.1f} tokens/s" if done.decode > 0 and done.count > 1 else "n/a"
+    err.print(f"[dim]{done.count} tokens ({done.finish}); first token {done.first * 1000:.0f} ms (from the request); "
+              f"decode {rate}[/]")
+    return 0
+
+
+def _run_here(name: str, prompt: str, args: argparse.Namespace, params, stops, schema, line: str) -> int:
+    """The run in this process; line (which way it went) is said once the first token is out: an
+    error before that is the one line on stderr, as it always was."""
+    from nexttok.generation.trace import grammar_record
+
     checkpoint = common.load_checkpoint(name, args)
+    err = Console(stderr=True, soft_wrap=True)
     model, tokenizer = checkpoint.model, checkpoint.tokenizer
     ids = _prompt_ids(model, tokenizer, prompt)
     common.note_context_cut("--max-tokens", args.max_tokens, model, ids)
@@ -79,12 +133,12 @@ def cmd_run(args: argparse.Namespace, out: Console) -> int:
     rounds = _rounds() if drafter else None
     steps = _steps(args, checkpoint, ids, params, stops, _constraint(args, checkpoint, schema), drafter, rounds)
     try:
-        count, finish, prefill, decode, generated = _print_steps(args, steps, trace)
+        said = functools.partial(err.print, f"[dim]{common.escape(line)}[/]")
+        count, finish, prefill, decode, generated = _print_steps(args, steps, trace, said)
     finally:
         if trace is not None:
             trace.close()
     rate = f"{(count - 1) / decode:.1f} tokens/s" if decode > 0 else "n/a"
-    err = Console(stderr=True)
     err.print(f"[dim]{count} tokens ({finish}); first token {prefill * 1000:.0f} ms; decode {rate}"
               f"{' (no cache)' if args.no_cache else ''}[/]")
     if rounds is not None:
@@ -177,12 +231,15 @@ def _steps(args, checkpoint, ids, params, stops, constraint, drafter, rounds):
                               rounds=rounds, **options)
 
 
-def _print_steps(args: argparse.Namespace, steps, trace) -> tuple[int, str | None, float, float, list[int]]:
+def _print_steps(args: argparse.Namespace, steps, trace, first=None) -> tuple[int, str | None, float, float,
+                                                                             list[int]]:
     """Each step's text (or JSON record) as it comes, into the trace too: (tokens, finish reason,
-    prefill seconds, decode seconds, the token ids)."""
+    prefill seconds, decode seconds, the token ids). first() is called before the first step."""
     prefill = decode = 0.0
     count, finish, generated = 0, None, []
     for step in steps:
+        if first is not None and count == 0:
+            first()
         if trace is not None:
             trace.step(step)
         if args.json:
@@ -256,5 +313,7 @@ def add_parsers(sub) -> None:
                      help="record the generation as a trace (JSON Lines): nexttok replay / diff read it")
     run.add_argument("--no-cache", action="store_true",
                      help="recompute the whole context every step (shows what the KV cache saves)")
+    run.add_argument("--no-server", action="store_true",
+                     help="load the model in this process even when a nexttok server answers at $NEXTTOK_HOST")
     common.add_parallel_args(run)
     run.set_defaults(func=cmd_run)
