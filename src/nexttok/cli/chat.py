@@ -1,16 +1,12 @@
 """`nexttok chat [MODEL]`: a multi-turn REPL over the model's own chat template, as `ollama run` is.
 
-Each turn renders the whole conversation (system prompt, past turns, the new message) with the
-template and streams the answer through generate.stream. When that prompt plus max_tokens (room
-kept for the answer) would not fit the context window, the oldest turns are dropped, the system
-prompt kept, and the REPL says how many and how many tokens. Ctrl-C during an answer stops it and
-the partial answer is kept in the history as it stands, unmarked: the model sees what it said, as
-after a max_tokens cut. An answer stopped before its first token takes its message with it.
-
-With a nexttok server answering at $NEXTTOK_HOST that serves the model, the chat goes through it
-(remote.py): the server's chat template renders the conversation (/tokenize: the same ids), its
-context window bounds it, and each answer streams from /v1/completions; the model stays loaded
-there for the next chat. One dim line says which way it went.
+Each turn renders the whole conversation with the template and streams the answer. When that
+prompt plus max_tokens would not fit the context window, the oldest turns are dropped (the system
+prompt kept) and the REPL says how many. Ctrl-C stops an answer and keeps what it said in the
+history, unmarked, as after a max_tokens cut (an answer stopped before its first token takes its
+message with it). With a nexttok server at $NEXTTOK_HOST serving the model, the chat goes through
+it (remote.py: the server's template via /tokenize, answers from /v1/completions); the model stays
+loaded there. One dim line says which way it went.
 """
 
 from __future__ import annotations
