@@ -245,3 +245,31 @@ def test_serve_takes_keep_alive_and_max_loaded(monkeypatch, capsys):
                                                'such as "5m", "1h30m", "-1")')
     assert main(["serve", "m", "--max-loaded", "0"]) == 2
     assert capsys.readouterr().err.strip() == "error: --max-loaded must be >= 1, got 0"
+
+
+def test_the_reaper_goes_on_after_a_failure(caplog):
+    import asyncio
+    import contextlib
+
+    from nexttok.server.pool import TICK, ModelPool
+
+    pool = ModelPool([], loader=load_served, attach=lambda served: None, loadable=lambda name: None)
+    looks = []
+
+    async def reap(now: float) -> None:
+        looks.append(now)
+        if len(looks) == 1:
+            raise RuntimeError("a scheduler that would not stop")
+
+    pool._reap = reap
+
+    async def watch() -> None:
+        task = asyncio.create_task(pool.reap_forever())
+        await asyncio.sleep(TICK * 4.5)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(watch())
+    assert len(looks) >= 3 and "unloading an idle model failed" in caplog.text
+    assert "a scheduler that would not stop" in caplog.text  # with its traceback

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import gc
+import logging
 import re
 import time
 from collections.abc import Callable
@@ -217,17 +218,23 @@ class ModelPool:
         return True
 
     async def reap_forever(self) -> None:
-        """Unload each model past its keep_alive, every TICK, until cancelled."""
+        """Unload each model past its keep_alive, every TICK, until cancelled (a failure is logged
+        and the reaping goes on)."""
         while True:
             await asyncio.sleep(TICK)
-            now = time.monotonic()
-            for entry in list(self.entries.values()):
-                if entry.pinned:
-                    continue
-                if entry.working():
-                    entry.last_used = max(entry.last_used, now)
-                elif not entry.busy(now) and entry.keep_alive is not None and now - entry.last_used >= entry.keep_alive:
-                    await self.unload(entry.served.name)
+            try:
+                await self._reap(time.monotonic())
+            except Exception:
+                logging.getLogger("nexttok.server").exception("unloading an idle model failed")
+
+    async def _reap(self, now: float) -> None:
+        for entry in list(self.entries.values()):
+            if entry.pinned:
+                continue
+            if entry.working():
+                entry.last_used = max(entry.last_used, now)
+            elif not entry.busy(now) and entry.keep_alive is not None and now - entry.last_used >= entry.keep_alive:
+                await self.unload(entry.served.name)
 
     def expires_at(self, name: str) -> datetime.datetime | None:
         """When a loaded model unloads if nothing more comes (UTC); None: it stays."""
