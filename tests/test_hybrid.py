@@ -23,11 +23,13 @@ def _ids(n: int, seed: int = 1, batch: int = 1) -> torch.Tensor:
     return torch.randint(0, VOCAB, (batch, n), generator=torch.Generator().manual_seed(seed))
 
 
+@pytest.mark.parametrize("name", ["lfm2", "qwen3_next", "qwen3_5"])
 @torch.inference_mode()
-def test_padded_batch_gives_hfs_logits_as_hf_pads_it(pairs):
-    """Left padding enters neither the attention nor the convolution's window: HF's padded batch
-    (attention_mask) and ours (positions -1), row by row, then cached steps of both rows."""
-    hf, ours, _ = pairs("lfm2")
+def test_padded_batch_gives_hfs_logits_as_hf_pads_it(pairs, name):
+    """Left padding enters neither the attention nor a recurrent layer's state (LFM2's convolution
+    window, the DeltaNet's convolution and state): HF's padded batch (attention_mask) and ours
+    (positions -1), row by row, then cached steps of both rows."""
+    hf, ours, _ = pairs(name)
     short, long = _ids(9, seed=3)[0], _ids(14, seed=4)[0]
     batch = torch.zeros(2, 14, dtype=torch.long)
     positions = torch.full((2, 14), -1)

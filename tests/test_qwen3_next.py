@@ -82,31 +82,6 @@ def test_a_prefill_in_chunks_at_odd_boundaries_gives_hfs_logits(pairs, name):
     torch.testing.assert_close(got, whole, atol=2 * ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5"])
-@torch.inference_mode()
-def test_padded_batch_gives_hfs_logits_as_hf_pads_it(pairs, name):
-    """Left padding enters neither the attention nor the DeltaNet's convolution and state: HF's padded
-    batch (attention_mask) and ours (positions -1), row by row, then cached steps of both rows."""
-    hf, ours, _ = pairs(name)
-    short, long = _ids(9, seed=3)[0], _ids(14, seed=4)[0]
-    batch = torch.zeros(2, 14, dtype=torch.long)
-    positions = torch.full((2, 14), -1)
-    batch[0, 5:], positions[0, 5:] = short, torch.arange(9)
-    batch[1], positions[1] = long, torch.arange(14)
-    expected = hf(batch, attention_mask=(positions >= 0).long()).logits
-    cache = KVCache.for_model(ours.config, batch=2, max_len=20)
-    got = ours(batch, cache, positions)
-    torch.testing.assert_close(got[0, 5:], expected[0, 5:], atol=ATOL, rtol=0)
-    torch.testing.assert_close(got[1], expected[1], atol=ATOL, rtol=0)
-    torch.testing.assert_close(got[0, 5:], hf(short[None]).logits[0], atol=ATOL, rtol=0)  # as alone
-    nexts = _ids(3, seed=7, batch=2)
-    for i in range(3):
-        step = ours(nexts[:, i : i + 1], cache, torch.tensor([[9 + i], [14 + i]]))[:, 0]
-        for row, prompt in enumerate((short, long)):
-            alone = hf(torch.cat((prompt, nexts[row, : i + 1]))[None]).logits[0, -1]
-            torch.testing.assert_close(step[row], alone, atol=ATOL, rtol=0)
-
-
 @torch.inference_mode()
 def test_the_state_stays_one_size_while_the_keys_grow(pairs):
     """Keys and values are kept for the attention layer only; each DeltaNet layer keeps its
