@@ -28,7 +28,7 @@ from nexttok.server.engine import ServedModel
 from nexttok.server.errors import ErrorShape
 from nexttok.server.scheduler import GenerationFailed, RequestTimeout, ShuttingDown
 from nexttok.server.schemas import ChatRequest, StopStrings, Strict, bounded
-from nexttok.server.streaming import Run, chained, close, first_step, steps_of, typed_event
+from nexttok.server.streaming import Run, close, first_step, steps_of, typed_event, typed_events
 
 MESSAGES = "/v1/messages"
 COUNT_TOKENS = "/v1/messages/count_tokens"
@@ -163,13 +163,8 @@ async def _create(served: ServedModel, body: MessagesRequest):
 async def _events(reply: Reply, run: Run, first):
     events = MessageEvents(reply, len(run.ids))
     try:
-        for event in events.opening():
-            yield typed_event(event)
-        async for step in chained([first], run.steps):
-            for event in events.step(step):
-                yield typed_event(event)
-        for event in events.closing():
-            yield typed_event(event)
+        async for chunk in typed_events(events, first, run.steps):
+            yield chunk
     except (ValueError, RequestTimeout, ShuttingDown, GenerationFailed) as e:  # say so, end cleanly
         status = 504 if isinstance(e, RequestTimeout) else 500
         yield typed_event(anthropic_error(status, str(e), None, None, ""))

@@ -40,7 +40,7 @@ from nexttok.server.responses_items import (
 )
 from nexttok.server.responses_stream import ResponseEvents
 from nexttok.server.schemas import MAX_TOP_LOGPROBS, ChatRequest, Strict, bounded
-from nexttok.server.streaming import Run, chained, close, first_step, steps_of, typed_event
+from nexttok.server.streaming import Run, close, first_step, steps_of, typed_event, typed_events
 
 STORED_RESPONSES = 256
 # the chat request's fields that come from differently named fields here
@@ -177,13 +177,8 @@ def _echoed(body: ResponsesRequest) -> dict:
 async def _events(builder: ResponseBuilder, run: Run, first, keep):
     events = ResponseEvents(builder, len(run.ids))
     try:
-        for event in events.opening():
-            yield typed_event(event)
-        async for step in chained([first], run.steps):
-            for event in events.step(step):
-                yield typed_event(event)
-        for event in events.closing():
-            yield typed_event(event)
+        async for chunk in typed_events(events, first, run.steps):
+            yield chunk
         keep(events.final)
     except Exception as e:  # an error mid-stream is an error event, and the stream ends cleanly
         yield typed_event(events.error(str(e)))

@@ -129,6 +129,18 @@ async def chained(first: list[Step], rest: AsyncIterator[Step]) -> AsyncIterator
         yield step
 
 
+async def typed_events(events, first: Step, rest: AsyncIterator[Step]) -> AsyncIterator[bytes]:
+    """A typed event stream (Responses, Anthropic) from its writer: events.opening(), then
+    events.step(step) for each step, then events.closing(), each event through typed_event."""
+    for payload in events.opening():
+        yield typed_event(payload)
+    async for step in chained([first], rest):
+        for payload in events.step(step):
+            yield typed_event(payload)
+    for payload in events.closing():
+        yield typed_event(payload)
+
+
 def typed_event(payload: dict) -> bytes:
     """An event named by its type, as the Responses API and Anthropic's Messages API send them:
     typed_event({"type": "ping"}) -> b'event: ping\ndata: {"type": "ping"}\n\n'."""
