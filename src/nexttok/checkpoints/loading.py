@@ -39,6 +39,7 @@ from nexttok.checkpoints.weights import (
 from nexttok.models import Model, build_model
 from nexttok.models.compiled import CompileUnavailable, compile_decode
 from nexttok.models.config import CheckpointError, read_generation_stop_ids
+from nexttok.models.fused_decode import fuse_decode
 from nexttok.models.quant import BITS, quantize_linears
 from nexttok.models.registry import from_hf_config, read_config
 from nexttok.tokenizers.chat_template import ChatTemplate
@@ -117,7 +118,7 @@ def load_model(source: str | Path, *, dtype: str | torch.dtype | None = None, de
 def _gguf_model(gguf: GGUFFile, dtype, device: str | None) -> Model:
     config, target = from_hf_config(gguf.config), pick_device(device)
     check_memory(gguf_weight_bytes(gguf, dtype, target), target)
-    return gguf_model(gguf, config, dtype, target).eval()
+    return fuse_decode(gguf_model(gguf, config, dtype, target).eval())
 
 
 def _directory_model(directory: Path, dtype, device: str | None) -> Model:

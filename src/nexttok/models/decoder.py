@@ -33,6 +33,7 @@ def empty_embedding(rows: int, dim: int) -> nn.Embedding:
 
 class Decoder(nn.Module):
     windows: frozenset = frozenset({None})
+    fused = None  # fused_decode.fuse_decode's plan: the decode step's layers one C++ call each
 
     @property
     def blocks(self) -> nn.ModuleList:
@@ -86,6 +87,8 @@ class Decoder(nn.Module):
         if self.compiled is not None and self.compiled.takes(ids, cache, capture):
             block_masks = [masks[self.window_of(block)] for block in self.blocks]
             return self.compiled.run(self.blocks, x, extra, block_masks, cache)
+        if self.fused is not None and self.fused.takes(ids, cache, capture):
+            return self.fused.run(self.blocks, x, extra, masks, cache)
         if capture is not None:
             capture.residual(x)
         for block in self.blocks:

@@ -182,6 +182,7 @@ def shard_model(model: nn.Module, rank: int, world: int, group) -> nn.Module:
         raise ValueError("--compile and --tensor-parallel do not combine (the compiled step has no collectives)")
     unit = max([GROUP if isinstance(m, Int4Linear) else 1 for m in model.modules()] +
                [kernels.BLOCKS[kind][1] for m in model.modules() if isinstance(m, BlockLinear) for kind in m.kinds])
+    model.fused = None  # the fused decode layers have no collectives: the sharded step runs eagerly
     for name, module in list(model.named_modules()):
         try:
             if hasattr(module, "PARALLEL_HEADS"):

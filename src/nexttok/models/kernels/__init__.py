@@ -42,7 +42,7 @@ import torch
 from nexttok.home import cache_home
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("ops.cpp", "q_generic.cpp", "q_avx2.cpp", "q_vnni.cpp")
+SOURCES = ("ops.cpp", "decode.cpp", "q_generic.cpp", "q_avx2.cpp", "q_vnni.cpp")
 ISAS = ("portable", "avx2", "avx512-vnni")  # the isa argument's values 0, 1, 2
 # ggml type numbers of the block formats the kernels run, with (values, bytes) per block
 BLOCKS = {"Q4_0": (2, 32, 18), "Q4_1": (3, 32, 20), "Q5_0": (6, 32, 22), "Q5_1": (7, 32, 24),

@@ -9,29 +9,16 @@
 #include <cstring>
 #include <vector>
 
+#include "ops.h"
 #include "qtypes.h"
 
-#define NQ_DECLARE(ns)                                                                                       \
-    namespace ns {                                                                                           \
-    int gemm(int type, const uint8_t* w, int64_t t0, int64_t t1, int64_t N, int64_t K, const int8_t* q,        \
-             const float* d, const int16_t* s, const float* ds, int64_t M, float* out, int64_t ldo);          \
-    void quantize_row(const float* x, int64_t K, int8_t* q, float* d, int16_t* s, float* ds);                 \
-    void attend_row(const float* q, const float* k, const float* v, int64_t ldk, int64_t ldv, int64_t S,       \
-                    int64_t D, float scale, float sink, float* scores, float* out);                           \
-    }
-NQ_DECLARE(nq_generic)
-NQ_DECLARE(nq_avx2)
-NQ_DECLARE(nq_vnni)
 namespace nq_generic {
 void repack(int type, const uint8_t* raw, int64_t N, int64_t K, uint8_t* out);
 void unpack_rows(int type, const uint8_t* w, int64_t K, const int64_t* rows, int64_t n, uint8_t* out);
 void dequantize_rows(int type, const uint8_t* w, int64_t K, const int64_t* rows, int64_t n, float* out);
 }
 
-namespace {
-
-using GemmFn = decltype(&nq_generic::gemm);
-using QuantFn = decltype(&nq_generic::quantize_row);
+namespace nq_ops {
 
 GemmFn gemm_for(int64_t isa) {
     TORCH_CHECK(isa >= 0 && isa <= 2, "nexttok_q: isa must be 0 (portable), 1 (avx2) or 2 (vnni), got ", isa);
@@ -41,8 +28,6 @@ GemmFn gemm_for(int64_t isa) {
 QuantFn quant_for(int64_t isa) {
     return isa >= 1 ? nq_avx2::quantize_row : nq_generic::quantize_row;
 }
-
-enum Mode { PLAIN = 0, SILU_MUL = 1, GELU_TANH_MUL = 2 };
 
 // act(gate) · up for one row x = [gate | up] of 2K floats into buf (K).
 void prepare_row(const float* x, int64_t K, int64_t mode, float* buf) {
@@ -439,12 +424,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, d
     const float add = (float)offset;
     at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
         for (int64_t m = m0; m < m1; m++) {
-            const float* r = xp + m * K;
-            float* o = op + m * K;
-            float ss = 0;
-            for (int64_t k = 0; k < K; k++) ss += r[k] * r[k];
-            const float inv = 1.0f / std::sqrt(ss / (float)K + (float)eps);
-            for (int64_t k = 0; k < K; k++) o[k] = (wp[k] + add) * (r[k] * inv);
+            rms_norm_row(xp + m * K, wp, K, (float)eps, add, op + m * K);
         }
     });
     return out;
@@ -489,7 +469,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
         TORCH_CHECK(sink.numel() == H, "nexttok_q.attend: one sink per head needed, got ", sink.numel());
     }
     const float* sp = sinks.has_value() ? sink.data_ptr<float>() : nullptr;
-    auto fn = isa >= 1 ? nq_avx2::attend_row : nq_generic::attend_row;
+    auto fn = attend_for(isa);
     auto out = at::empty({B, 1, H, D}, q.options());  // (B, T, H, D) memory, returned as (B, H, T, D)
     const float scale = 1.0f / std::sqrt((float)D);
     const float* qp = q.data_ptr<float>();
@@ -529,14 +509,7 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
         for (int64_t i = i0; i < i1; i++) {
             const float* ci = cp + i * half;
             const float* si = sp + i * half;
-            for (int64_t h = 0; h < n; h++) {
-                const float* a = xp + (i * H + h) * D;
-                float* o = op + (i * n + h) * D;
-                for (int64_t j = 0; j < half; j++) {
-                    o[j] = a[j] * ci[j] - a[half + j] * si[j];
-                    o[half + j] = a[half + j] * ci[j] + a[j] * si[j];
-                }
-            }
+            for (int64_t h = 0; h < n; h++) rope_head(xp + (i * H + h) * D, ci, si, D, op + (i * n + h) * D);
         }
     });
     return out;
@@ -566,7 +539,9 @@ int64_t features() {
     return bits;
 }
 
-}  // namespace
+}  // namespace nq_ops
+
+using namespace nq_ops;
 
 TORCH_LIBRARY(nexttok_q, m) {
     m.def("quantize(Tensor x, int mode, int isa) -> (Tensor, Tensor, Tensor, Tensor)");
@@ -611,4 +586,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
     module.def("glu", &glu);
     module.def("rope", &rope);
     module.def("attend", &attend);
+    bind_decode(module);
 }

@@ -1,0 +1,106 @@
+"""The decode step of a GGUF model in one C++ call per layer (kernels' DecodeLayer, csrc/decode.cpp).
+
+An eager decode step of the default model runs ~25 small torch operations per layer around its four
+matmuls (norms, views, RoPE, the cache write, attention, residual adds): ~3 us each to dispatch and
+allocate, more than the layer's matmuls themselves. A DecodeLayer holds one layer's weights and runs
+those same steps on scratch rows, with the same row functions the separate kernels use, so its
+output equals the eager layer's bit for bit (tests/test_fused_decode.py): the model files stay the
+definition, and this is how their layers run when nothing needs to look inside them.
+
+It takes the layers that are exactly llama.py's (DecoderLayer, Attention, MLP, RMSNorm, in float32
+on the CPU with every linear a BlockLinear): Llama, SmolLM, Qwen2, Mistral, and Qwen3's per-head
+q/k norms. It runs a step of one new token per row with nothing captured, into a KVCache whose
+rows all see their whole past (no padding) or the server's batch of slots; any other layer (a
+window that cuts, a mixture of experts, a recurrent layer, Gemma's norms) runs eagerly in the
+same step, and any other step runs eagerly throughout.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from nexttok.models import kernels, llama
+from nexttok.models.attention import ALL
+from nexttok.models.block_quant import BlockLinear
+from nexttok.models.cache import KVCache
+
+
+def _linear(module: nn.Module):
+    return kernels.load().DecodeLinear([getattr(module, f"tiles{i}") for i in range(len(module.types))], module.types,
+                                       module.part_rows, None if module.bias is None else module.bias.detach(),
+                                       module.in_features)
+
+
+def _same(obj: object, cls: type, *methods: str) -> bool:
+    """obj is a cls (or a subclass that changes none of `methods`)."""
+    return isinstance(obj, cls) and all(getattr(type(obj), m) is getattr(cls, m) for m in methods)
+
+
+def layer_plan(block: nn.Module, isa: int):
+    """A DecodeLayer for one block, or None where the block is not exactly llama.py's layer."""
+    attn, mlp = getattr(block, "self_attn", None), getattr(block, "mlp", None)
+    if not (_same(block, llama.DecoderLayer, "forward") and _same(attn, llama.Attention, "forward", "rotate", "normed")
+            and _same(mlp, llama.MLP, "forward") and not block.sparse and block.scale == 1.0):
+        return None
+    norms = [block.input_layernorm, block.post_attention_layernorm]
+    if attn.qk_norm == "head":
+        norms += [attn.q_norm, attn.k_norm]
+    linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+    if (attn.qk_norm not in (None, "head") or not attn.use_rope or attn.rotary_dim != attn.head_dim
+            or attn.q_scale != 1.0 or attn.sinks is not None
+            or not all(_same(n, llama.RMSNorm, "forward") and n.weight.dtype == torch.float32 for n in norms)
+            or len({n.eps for n in norms}) != 1 or not all(type(m) is BlockLinear for m in linears)):
+        return None
+    q_norm, k_norm = (attn.q_norm.weight.detach(), attn.k_norm.weight.detach()) if attn.qk_norm else (None, None)
+    return kernels.load().DecodeLayer(
+        block.input_layernorm.weight.detach(), block.post_attention_layernorm.weight.detach(), norms[0].eps,
+        *[_linear(m) for m in linears[:1]], q_norm, k_norm, *[_linear(m) for m in linears[1:]],
+        attn.n_head, attn.n_kv_head, attn.head_dim, kernels.SILU_MUL, isa)
+
+
+class FusedDecode:
+    """The planned layers of one model (None: that layer runs eagerly)."""
+
+    def __init__(self, layers: list):
+        self.layers = layers
+        self.windows: list[int | None] = []
+
+    @staticmethod
+    def takes(ids: torch.Tensor, cache, capture) -> bool:
+        """A decode step (one new token per row) into a float32 KVCache, nothing captured, no autograd."""
+        return (ids.shape[1] == 1 and capture is None and type(cache) is KVCache and cache.dtype == torch.float32
+                and not torch.is_grad_enabled())
+
+    def run(self, blocks: nn.ModuleList, x: torch.Tensor, extra: tuple, masks: dict, cache: KVCache) -> torch.Tensor:
+        """x (B, 1, hidden) through every block; extra: RoPE's cos and sin (B, 1, 1, D/2)."""
+        b, _, hidden = x.shape
+        cos, sin = (t.reshape(b, -1).contiguous() for t in extra[:2])
+        slot = torch.arange(b)
+        ends = torch.full((b,), cache.offset - 1, dtype=torch.long)
+        starts = torch.zeros(b, dtype=torch.long)
+        h = x.reshape(b, hidden).contiguous()
+        for i, (block, op) in enumerate(zip(blocks, self.layers, strict=True)):
+            window = self.windows[i]
+            mask = masks[window]
+            if op is None or i in cache.windows or not (isinstance(mask, str) and mask == ALL):
+                h = block(h.view(b, 1, hidden), *extra, masks, cache, None).reshape(b, hidden).contiguous()
+                continue
+            k, v = cache.layer(i)
+            h = op.forward(h, cos, sin, k, v, slot, starts, ends)
+        return h.view(b, 1, hidden)
+
+
+def fuse_decode(model: nn.Module) -> nn.Module:
+    """Plan model's decode step (model.fused); nothing where no layer qualifies or the kernels are
+    not built. Returns the model."""
+    if not kernels.available() or not hasattr(model, "blocks") or next(model.parameters()).device.type != "cpu":
+        return model
+    isa = kernels.best_isa()
+    layers = [layer_plan(block, isa) for block in model.blocks]
+    if any(op is not None for op in layers) and len(getattr(model, "rotations", lambda *a: ())(
+            torch.zeros(1, 1, dtype=torch.long), torch.float32)) == 2:
+        fused = FusedDecode(layers)
+        fused.windows = [model.window_of(block) for block in model.blocks]
+        model.fused = fused
+    return model

@@ -1,0 +1,111 @@
+"""The fused decode layer (models/fused_decode.py, kernels/csrc/decode.cpp) computes exactly what the
+eager layer computes: the same logits, bit for bit, at every cached step, at batch 1 and 2, on the
+default model's real file and on tiny GGUFs of every family it takes (Llama, Qwen2's biases, Qwen3's
+q/k norms, sliding layers, which run eagerly once their window cuts); HF parity of these models is the GGUF
+tests' (they decode through this path now). What it cannot take runs eagerly, and a bad call is one
+line naming what was wrong."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nexttok.checkpoints.bundled import DEFAULT_MODEL, bundled_model_file
+from nexttok.checkpoints.loading import load_model
+from nexttok.models import kernels
+from nexttok.models.cache import KVCache
+from nexttok.models.fused_decode import FusedDecode, fuse_decode
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="the block kernels are not built here")
+
+
+def decode_logits(model, prompt: torch.Tensor, steps: int, fused: bool, windowed: bool = False) -> list[torch.Tensor]:
+    """Logits of the prompt's last position and of `steps` greedy decode steps after it."""
+    plan = model.fused
+    model.fused = plan if fused else None
+    try:
+        cache = KVCache.for_model(model.config, batch=prompt.shape[0], max_len=prompt.shape[1] + steps + 1,
+                                  windowed=windowed)
+        with torch.inference_mode():
+            out = [model(prompt, cache, last_only=True)[:, -1]]
+            for _ in range(steps):
+                out.append(model(out[-1].argmax(-1, keepdim=True), cache, last_only=True)[:, -1])
+        return out
+    finally:
+        model.fused = plan
+
+
+def assert_same_logits(model, prompt, steps=8, windowed=False):
+    fused = decode_logits(model, prompt, steps, fused=True, windowed=windowed)
+    eager = decode_logits(model, prompt, steps, fused=False, windowed=windowed)
+    for step, (a, b) in enumerate(zip(fused, eager, strict=True)):
+        assert torch.equal(a, b), f"step {step}: fused and eager logits differ by {(a - b).abs().max():.3g}"
+
+
+@pytest.fixture(scope="module")
+def default_model():
+    return load_model(bundled_model_file(DEFAULT_MODEL))
+
+
+def test_the_default_model_decodes_every_layer_fused_with_the_eager_logits(default_model):
+    assert isinstance(default_model.fused, FusedDecode)
+    assert all(op is not None for op in default_model.fused.layers)
+    prompt = torch.randint(0, default_model.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))
+    assert_same_logits(default_model, prompt, steps=16)
+
+
+def test_a_batch_of_two_rows_gives_each_rows_eager_logits(default_model):
+    prompt = torch.randint(0, default_model.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(1))
+    assert_same_logits(default_model, prompt, steps=6)
+
+
+@pytest.mark.parametrize(("name", "fused_layers"), [("llama_head_dim", 2), ("qwen2", 2), ("qwen3", 2),
+                                                    ("qwen2_sliding", 2), ("smollm3_every4", 3)])
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0"])
+def test_each_family_it_takes_gives_the_eager_logits(written_gguf, name, fused_layers, kind):
+    _, path = written_gguf(name, kind)
+    model = load_model(path)
+    assert model.fused is not None and sum(op is not None for op in model.fused.layers) == fused_layers
+    prompt = torch.randint(0, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(2))
+    assert_same_logits(model, prompt, steps=8)  # a window of 6 that cuts runs eagerly
+    assert_same_logits(model, prompt[:1], steps=8, windowed=True)
+
+
+@pytest.mark.parametrize("name", ["olmo2", "granite", "exaone4"])
+def test_layers_that_differ_from_llamas_are_left_to_run_eagerly(written_gguf, name):
+    """OLMo 2's and EXAONE 4's norms after the blocks, Granite's multipliers: no plan for them (and
+    SmolLM3's layers without RoPE, above, run eagerly between fused ones)."""
+    _, path = written_gguf(name, "Q8_0")
+    model = load_model(path)
+    assert model.fused is None or all(op is None for op in model.fused.layers)
+
+
+def test_a_float_model_has_no_fused_plan(written_gguf):
+    _, path = written_gguf("qwen2", "F32")
+    assert load_model(path).fused is None
+    assert fuse_decode(load_model(path.parent)).fused is None  # a checkpoint directory: torch's linears
+
+
+def test_steps_it_does_not_take_run_eagerly(default_model):
+    ids = torch.tensor([[1]])
+    cache = KVCache.for_model(default_model.config, max_len=8)
+    with torch.inference_mode():
+        assert FusedDecode.takes(ids, cache, None)
+        assert not FusedDecode.takes(torch.tensor([[1, 2]]), cache, None)  # prefill
+        assert not FusedDecode.takes(ids, None, None)  # no cache
+        assert not FusedDecode.takes(ids, cache, object())  # a viewer capturing attention
+    assert not FusedDecode.takes(ids, cache, None)  # autograd on
+
+
+def test_a_bad_call_is_one_line_naming_what_is_wrong(default_model):
+    op = default_model.fused.layers[0]
+    config = default_model.config
+    k = torch.zeros(1, config.num_key_value_heads, 4, config.head_dim)
+    x, angle = torch.zeros(1, config.hidden_size), torch.zeros(1, config.head_dim // 2)
+    one = torch.zeros(1, dtype=torch.long)
+    with pytest.raises(RuntimeError, match="writes slot 4 of store row 0 from 0, outside the cache"):
+        op.forward(x, angle, angle, k, k.clone(), one, one, torch.tensor([4]))
+    with pytest.raises(RuntimeError, match=r"x must be a contiguous float32 \(B, 576\) tensor"):
+        op.forward(torch.zeros(1, 5), angle, angle, k, k.clone(), one, one, one)
+    with pytest.raises(RuntimeError, match="k and v must be float32 stores"):
+        op.forward(x, angle, angle, k[:, :1], k[:, :1].clone(), one, one, one)
