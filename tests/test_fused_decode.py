@@ -109,3 +109,51 @@ def test_a_bad_call_is_one_line_naming_what_is_wrong(default_model):
         op.forward(torch.zeros(1, 5), angle, angle, k, k.clone(), one, one, one)
     with pytest.raises(RuntimeError, match="k and v must be float32 stores"):
         op.forward(x, angle, angle, k[:, :1], k[:, :1].clone(), one, one, one)
+
+
+def slot_logits(model, prompts: list[list[int]], steps: int, fused: bool, pad_to: int) -> list[torch.Tensor]:
+    """The server's way (scheduler.py): each prompt prefilled into a slot of its own, then decode
+    steps over every running slot at its own length, padded with scratch rows up to pad_to."""
+    from nexttok.models.cache import SlotCache
+    from nexttok.server.prefix_cache import prefill
+
+    plan = model.fused
+    model.fused = plan if fused else None
+    try:
+        cache = SlotCache.for_model(model.config, slots=pad_to, max_len=64)
+        with torch.inference_mode():
+            last = [prefill(model, cache, cache.claim(), ids, None).argmax().item() for ids in prompts]
+            out = []
+            for _ in range(steps):
+                view = cache.running_view(pad_to)
+                rows = [*range(len(prompts)), *[0] * (view.n - len(prompts))]
+                ids = torch.tensor([[last[r]] for r in rows])
+                positions = torch.tensor([[cache.lengths[r]] for r in rows])
+                assert FusedDecode.takes(ids, view, None)
+                logits = model(ids, view, positions, last_only=True)[:, -1]
+                view.release_scratch()
+                out.append(logits[: len(prompts)])
+                last = logits.argmax(-1).tolist()
+        return out
+    finally:
+        model.fused = plan
+
+
+@pytest.mark.parametrize("pad_to", [2, 4])
+def test_the_servers_batch_of_slots_decodes_fused_with_the_eager_logits(default_model, pad_to):
+    prompts = [[1, 2, 3, 4, 5, 6, 7], [9, 8]]
+    fused = slot_logits(default_model, prompts, 6, fused=True, pad_to=pad_to)
+    eager = slot_logits(default_model, prompts, 6, fused=False, pad_to=pad_to)
+    for step, (a, b) in enumerate(zip(fused, eager, strict=True)):
+        assert torch.equal(a, b), f"step {step}: fused and eager logits differ by {(a - b).abs().max():.3g}"
+
+
+def test_a_window_over_the_servers_slots_is_each_rows_span(written_gguf):
+    """Qwen2's sliding layer over slots: a row's span starts past its window once the window cuts."""
+    _, path = written_gguf("qwen2_sliding", "Q8_0")
+    model = load_model(path)
+    prompts = [list(range(3, 12)), [5, 6, 7]]
+    fused = slot_logits(model, prompts, 8, fused=True, pad_to=2)
+    eager = slot_logits(model, prompts, 8, fused=False, pad_to=2)
+    for step, (a, b) in enumerate(zip(fused, eager, strict=True)):
+        assert torch.equal(a, b), f"step {step}: fused and eager logits differ by {(a - b).abs().max():.3g}"

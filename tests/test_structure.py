@@ -118,6 +118,7 @@ LAYERS = [
     ("nexttok.lesson",),
     ("nexttok.server",),
     ("nexttok.benchmark",),
+    ("nexttok.bench_native",),  # against llama.cpp's own tools, over benchmark's measurements
     ("nexttok.cli",),
     ("nexttok.__main__", "nexttok"),  # the entry point and the package's public names
 ]

@@ -77,7 +77,7 @@ def _timed(fn: Callable) -> float:
     return time.perf_counter() - start
 
 
-def _ids(n: int, vocab: int, seed: int = 0):
+def random_prompt(n: int, vocab: int, seed: int = 0):
     return torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(seed))
 
 
@@ -105,15 +105,15 @@ def bench_nexttok(cfg: BenchConfig) -> dict:
         first = start + steps[0].elapsed
         return (len(steps) - 1) / (time.perf_counter() - first), steps[0].elapsed
 
-    short = _ids(cfg.decode_prompt_tokens, vocab)[0].tolist()
-    long = _ids(cfg.prompt_tokens, vocab, seed=1)[0].tolist()
+    short = random_prompt(cfg.decode_prompt_tokens, vocab)[0].tolist()
+    long = random_prompt(cfg.prompt_tokens, vocab, seed=1)[0].tolist()
     decode_run(short, 8)  # warm-up
     decode = [decode_run(short, cfg.new_tokens)[0] for _ in range(cfg.repeat)]
     sampled = [decode_run(short, cfg.new_tokens, params=SamplingParams(**LLAMA_CPP_SAMPLING, seed=k))[0]
                for k in range(cfg.repeat)]
     ttft = [generate(model, tokenizer, long, greedy, max_tokens=1, stop_token_ids=[]).steps[0].elapsed
             for _ in range(cfg.repeat)]
-    prefill = [cfg.prompt_tokens / _timed(lambda: _forward_nexttok(model, long)) for _ in range(cfg.repeat)]
+    prefill = [cfg.prompt_tokens / _timed(lambda: prefill_prompt(model, long)) for _ in range(cfg.repeat)]
     nocache = [decode_run(long, cfg.nocache_tokens, use_cache=False)[0] for _ in range(max(1, cfg.repeat - 1))]
     cached_long = [decode_run(long, cfg.nocache_tokens)[0] for _ in range(max(1, cfg.repeat - 1))]
     spec = speculative_decode(model, tokenizer, cfg, decode_run) if cfg.tensor_parallel == 1 else {}
@@ -179,7 +179,7 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return buffers + sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def _forward_nexttok(model, ids: list[int]) -> None:
+def prefill_prompt(model, ids: list[int]) -> None:
     """The prompt into a fresh cache as `nexttok run` and the server prefill it (in BLOCK chunks)."""
     cache = KVCache.for_model(model.config, max_len=len(ids) + 1, dtype=next(model.parameters()).dtype)
     with torch.inference_mode():
@@ -195,7 +195,7 @@ def bench_hf(cfg: BenchConfig) -> dict:
     where = dict(gguf_file=path.name) if path.suffix == ".gguf" else {}
     model = AutoModelForCausalLM.from_pretrained(path.parent if where else path, dtype=dtype, **where).eval()
     vocab = model.config.vocab_size
-    short, long = _ids(cfg.decode_prompt_tokens, vocab), _ids(cfg.prompt_tokens, vocab, seed=1)
+    short, long = random_prompt(cfg.decode_prompt_tokens, vocab), random_prompt(cfg.prompt_tokens, vocab, seed=1)
 
     def hf_generate(ids, n):
         with torch.inference_mode():
@@ -223,8 +223,8 @@ def bench_llama_cpp(cfg: BenchConfig) -> dict:
     llm = Llama(model_path=cfg.extra["gguf"], n_ctx=n_ctx, n_batch=cfg.prompt_tokens, n_threads=cfg.threads,
                 n_threads_batch=cfg.threads, verbose=False)
     vocab = llm.n_vocab()
-    short = _ids(cfg.decode_prompt_tokens, vocab)[0].tolist()
-    long = _ids(cfg.prompt_tokens, vocab, seed=1)[0].tolist()
+    short = random_prompt(cfg.decode_prompt_tokens, vocab)[0].tolist()
+    long = random_prompt(cfg.prompt_tokens, vocab, seed=1)[0].tolist()
 
     def llama_generate(ids, n, sampling=None) -> tuple[float, float]:
         """(time to first token, decode tokens/s) for n tokens, greedy unless sampling is given."""

@@ -148,6 +148,7 @@ def cmd_bench(args: argparse.Namespace, out: Console) -> int:
     import importlib.util
     import os
 
+    from nexttok.bench_native import compare, llama_cpp_bin
     from nexttok.benchmark import BenchConfig, run
     from nexttok.checkpoints.sources import resolve_checkpoint
 
@@ -155,12 +156,16 @@ def cmd_bench(args: argparse.Namespace, out: Console) -> int:
         raise ValueError("bench --tensor-parallel starts its own ranks: run it without torchrun")
     path = resolve_checkpoint(args.model or DEFAULT_MODEL)
     engines = ["nexttok", "compiled"] if args.compile else ["nexttok"]
+    native = None if args.no_compare or path.suffix != ".gguf" else llama_cpp_bin(args.llama_cpp_bin)
+    if args.rounds < 1:
+        raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
     if not args.no_compare:
         if importlib.util.find_spec("transformers") is None:
             Console(stderr=True).print("[dim]transformers is not installed: nexttok column only[/]")
         else:
             engines.append("hf")
-        engines.append("llama.cpp")  # reported as skipped, with the reason, when it cannot run
+        if native is None:  # reported as skipped, with the reason, when it cannot run
+            engines.append("llama.cpp")
     cfg = BenchConfig(str(path), new_tokens=args.new_tokens, prompt_tokens=args.prompt_tokens,
                       repeat=args.repeat, threads=args.threads, dtype=args.dtype, tensor_parallel=args.tensor_parallel)
     for name, value in (("--new-tokens", cfg.new_tokens), ("--prompt-tokens", cfg.prompt_tokens),
@@ -170,6 +175,13 @@ def cmd_bench(args: argparse.Namespace, out: Console) -> int:
             raise ValueError(f"{name} must be >= 1, got {value}")
     Console(stderr=True).print(f"[dim]benchmarking {path} ({', '.join(engines)}) ...[/]")
     print(run(cfg, engines))
+    if native is not None:
+        print(f"\nllama.cpp: its own llama-bench ({native}), not llama-cpp-python")
+        print(compare(str(path), native, threads=cfg.threads, prompt=cfg.prompt_tokens, new=cfg.new_tokens,
+                      rounds=args.rounds))
+    elif "llama.cpp" in engines:
+        print("llama.cpp: through llama-cpp-python (its Python generate loop), since no llama-bench was found: "
+              "--llama-cpp-bin DIR or $NEXTTOK_LLAMA_CPP_BIN names a build (../shared/tools/build-llama-cpp.sh)")
     return 0
 
 
@@ -223,6 +235,11 @@ def _add_bench_parser(sub) -> None:
     bench.add_argument("--compile", action="store_true", help="add a column with the decode step compiled")
     bench.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
                        help="the nexttok column with the model split over N local processes")
+    bench.add_argument("--llama-cpp-bin", default=None, metavar="DIR",
+                       help="llama.cpp's own tools to compare a .gguf against (llama-bench; default: "
+                       "$NEXTTOK_LLAMA_CPP_BIN, else ../shared/tools/build-llama-cpp.sh's cached build)")
+    bench.add_argument("--rounds", type=int, default=5,
+                       help="rounds against llama-bench, alternating which engine runs first (default 5)")
     bench.set_defaults(func=cmd_bench)
 
 

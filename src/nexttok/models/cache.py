@@ -287,9 +287,9 @@ class SlotCache:
     def row(self, slot: int) -> _RowView:
         return _RowView(self, slot)
 
-    def running_view(self, pad_to: int = 1) -> _BatchView:
+    def running_view(self, pad_to: int = 1) -> BatchView:
         """Every running sequence, padded with scratch rows up to pad_to (<= slots) rows."""
-        return _BatchView(self, min(max(pad_to, 1), self.slots))
+        return BatchView(self, min(max(pad_to, 1), self.slots))
 
 
 class _RowView:
@@ -327,7 +327,7 @@ class _RowView:
         return self.owner.store.state(layer, name, shape, dtype)[self.slot : self.slot + 1]
 
 
-class _BatchView:
+class BatchView:
     """KVCache-like view of every running slot, each taking one new token at its own length.
     Rows past the running ones (free slots) are scratch rows: the caller feeds them copies and
     calls release_scratch() after the step."""

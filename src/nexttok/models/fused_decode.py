@@ -10,9 +10,10 @@ definition, and this is how their layers run when nothing needs to look inside t
 It takes the layers that are exactly llama.py's (DecoderLayer, Attention, MLP, RMSNorm, in float32
 on the CPU with every linear a BlockLinear): Llama, SmolLM, Qwen2, Mistral, and Qwen3's per-head
 q/k norms. It runs a step of one new token per row with nothing captured, into a KVCache whose
-rows all see their whole past (no padding) or the server's batch of slots; any other layer (a
-window that cuts, a mixture of experts, a recurrent layer, Gemma's norms) runs eagerly in the
-same step, and any other step runs eagerly throughout.
+rows all see their whole past (no padding) or the server's batch of slots (each row its own span
+of keys); any other layer (a window a KVCache's mask cuts, keys kept for a window only, a mixture
+of experts, a recurrent layer, Gemma's norms) runs eagerly in the same step, and any other step
+(prefill, a viewer's capture, padding) runs eagerly throughout.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ import torch
 from torch import nn
 
 from nexttok.models import kernels, llama
-from nexttok.models.attention import ALL
+from nexttok.models.attention import ALL, Ragged
 from nexttok.models.block_quant import BlockLinear
-from nexttok.models.cache import KVCache
+from nexttok.models.cache import BatchView, KVCache
 
 
 def _linear(module: nn.Module):
@@ -68,27 +69,44 @@ class FusedDecode:
 
     @staticmethod
     def takes(ids: torch.Tensor, cache, capture) -> bool:
-        """A decode step (one new token per row) into a float32 KVCache, nothing captured, no autograd."""
-        return (ids.shape[1] == 1 and capture is None and type(cache) is KVCache and cache.dtype == torch.float32
-                and not torch.is_grad_enabled())
+        """A decode step (one new token per row) into a float32 KVCache or the server's batch of
+        slots, nothing captured, no autograd."""
+        return (ids.shape[1] == 1 and capture is None and not torch.is_grad_enabled()
+                and type(cache) in (KVCache, BatchView) and _rows(cache)[0].dtype == torch.float32)
 
-    def run(self, blocks: nn.ModuleList, x: torch.Tensor, extra: tuple, masks: dict, cache: KVCache) -> torch.Tensor:
+    def run(self, blocks: nn.ModuleList, x: torch.Tensor, extra: tuple, masks: dict, cache) -> torch.Tensor:
         """x (B, 1, hidden) through every block; extra: RoPE's cos and sin (B, 1, 1, D/2)."""
         b, _, hidden = x.shape
         cos, sin = (t.reshape(b, -1).contiguous() for t in extra[:2])
-        slot = torch.arange(b)
-        ends = torch.full((b,), cache.offset - 1, dtype=torch.long)
-        starts = torch.zeros(b, dtype=torch.long)
+        store, slot, ends = _rows(cache)
+        starts = {w: _starts(m, b) for w, m in masks.items()}  # None: that window's layers run eagerly
         h = x.reshape(b, hidden).contiguous()
         for i, (block, op) in enumerate(zip(blocks, self.layers, strict=True)):
-            window = self.windows[i]
-            mask = masks[window]
-            if op is None or i in cache.windows or not (isinstance(mask, str) and mask == ALL):
+            first = starts[self.windows[i]]
+            if op is None or first is None or i in store.windows:
                 h = block(h.view(b, 1, hidden), *extra, masks, cache, None).reshape(b, hidden).contiguous()
                 continue
-            k, v = cache.layer(i)
-            h = op.forward(h, cos, sin, k, v, slot, starts, ends)
+            k, v = store.layer(i)
+            h = op.forward(h, cos, sin, k, v, slot, first, ends)
         return h.view(b, 1, hidden)
+
+
+def _rows(cache) -> tuple[KVCache, torch.Tensor, torch.Tensor]:
+    """(the KVCache the keys are stored in, each batch row's row there, the slot its new key goes to)."""
+    if type(cache) is KVCache:
+        b = cache.batch
+        return cache, torch.arange(b), torch.full((b,), cache.offset - 1, dtype=torch.long)
+    return cache.owner.store, cache.rows, cache.ends  # the server's slots (cache.BatchView)
+
+
+def _starts(mask, b: int) -> torch.Tensor | None:
+    """Each row's first key under a layer's mask: ALL (every key), Ragged (a span per row), or None
+    where the mask is a tensor (padding, a window that cuts): the eager layer reads those."""
+    if isinstance(mask, str) and mask == ALL:
+        return torch.zeros(b, dtype=torch.long)
+    if isinstance(mask, Ragged):
+        return torch.tensor([first for first, _ in mask.spans], dtype=torch.long)
+    return None
 
 
 def fuse_decode(model: nn.Module) -> nn.Module:
