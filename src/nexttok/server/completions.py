@@ -16,7 +16,7 @@ from nexttok.generation.sampling import SamplingParams
 from nexttok.generation.tools import Tool, from_functions, parse_choice, parse_tools, reply_schema, with_tools
 from nexttok.server.engine import ServedModel
 from nexttok.server.errors import APIError
-from nexttok.server.responses import ChatFormat, CompletionFormat, ResponseFormat, ToolCallFormat
+from nexttok.server.openai_shapes import ChatFormat, CompletionFormat, ResponseFormat, ToolCallFormat
 from nexttok.server.schemas import ChatRequest, CompletionRequest, OutputFormat, SamplingFields, stage_settings
 from nexttok.server.scoring import best_choices, fim_ids, prompt_text, score_prompts
 from nexttok.server.streaming import Run, close, respond

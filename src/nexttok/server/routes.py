@@ -9,7 +9,7 @@ from fastapi.responses import PlainTextResponse
 from nexttok.errors import InvalidParameter
 from nexttok.server.engine import ServedModel
 from nexttok.server.errors import APIError
-from nexttok.server.responses import model_card, stored_card
+from nexttok.server.openai_shapes import model_card, stored_card
 from nexttok.server.schemas import DetokenizeRequest, TokenizeRequest
 
 

@@ -15,7 +15,7 @@ from fastapi.responses import StreamingResponse
 
 from nexttok.errors import InvalidParameter
 from nexttok.server.engine import ServedModel
-from nexttok.server.responses import CompletionFormat, Usage
+from nexttok.server.openai_shapes import CompletionFormat, Usage
 from nexttok.server.streaming import Run, close, event, steps_of
 
 # fill-in-the-middle tokens: (prefix, suffix, middle), as Qwen2.5-Coder / StarCoder name them

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from fastapi.responses import StreamingResponse
 
 from nexttok.generation.loop import Step
-from nexttok.server.responses import ResponseFormat, Usage
+from nexttok.server.openai_shapes import ResponseFormat, Usage
 from nexttok.server.scheduler import GenerationFailed, RequestTimeout, ShuttingDown
 from nexttok.server.traces import Tracer, traces
 
