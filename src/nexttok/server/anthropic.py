@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field, ValidationError
 
@@ -26,13 +26,14 @@ from nexttok.server.anthropic_stream import MessageEvents
 from nexttok.server.completions import chat_plan, chat_prompt
 from nexttok.server.engine import ServedModel
 from nexttok.server.errors import ErrorShape
+from nexttok.server.routing import EVENTS, streams
 from nexttok.server.scheduler import GenerationFailed, RequestTimeout, ShuttingDown
 from nexttok.server.schemas import ChatRequest, StopStrings, Strict, bounded
 from nexttok.server.streaming import Run, close, first_step, steps_of, typed_event, typed_events
 
 MESSAGES = "/v1/messages"
 COUNT_TOKENS = "/v1/messages/count_tokens"
-STREAMING_PATHS = {MESSAGES: "Anthropic's events: event: {type} and data: {event} lines, ending with message_stop"}
+EVENT_STREAM = streams(EVENTS, "Anthropic's events: event: {type} and data: {event} lines, ending with message_stop")
 # the chat request's fields that come from differently named fields here
 CHAT_FIELDS = {"stop": "stop_sequences", "response_format": "output_config"}
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -100,7 +101,7 @@ ANTHROPIC_ERRORS = ErrorShape(anthropic_error, AnthropicErrorResponse, statuses=
 router = APIRouter()
 
 
-@router.post(MESSAGES)
+@router.post(MESSAGES, responses=EVENT_STREAM)
 async def create_message(body: MessagesRequest, request: Request):
     return await _create(await request.app.state.pool.get(body.model), body)
 
@@ -110,11 +111,6 @@ async def count_tokens(body: CountTokensRequest, request: Request):
     """The prompt's tokens as /v1/messages renders it (tools included), counted without generating."""
     served = await request.app.state.pool.get(body.model)
     return {"input_tokens": len(chat_prompt(served, chat_request(body))[0])}
-
-
-def install_anthropic_routes(app: FastAPI) -> None:
-    app.include_router(router)
-    app.state.error_shapes = {**getattr(app.state, "error_shapes", {}), MESSAGES: ANTHROPIC_ERRORS}
 
 
 def chat_request(body: MessagesRequest) -> ChatRequest:

@@ -35,6 +35,7 @@ from nexttok.server.ollama_schemas import (
     OllamaShowRequest,
 )
 from nexttok.server.pool import keep_alive_seconds
+from nexttok.server.routing import NDJSON, streams
 from nexttok.server.scoring import FIM_TOKENS
 
 router = APIRouter()
@@ -42,7 +43,6 @@ NOT_AVAILABLE = {501: {"description": "not available: models come from the Huggi
                                       "not from Modelfiles or uploaded blobs"}}
 MANAGEMENT = [("POST", "/api/push"), ("POST", "/api/create"), ("POST", "/api/blobs/{digest}"),
               ("HEAD", "/api/blobs/{digest}")]
-NDJSON = "application/x-ndjson"
 PROGRESS_EVERY = 0.1  # seconds between two progress lines of one download
 QUANTIZED = {Int4Linear: "INT4", Int8Linear: "INT8", Q8Embedding: "Q8_0"}
 FOREVER = datetime.timedelta(microseconds=(2**63 - 1) // 1000)  # Ollama's expiry of a model kept loaded
@@ -108,9 +108,12 @@ async def running(request: Request):
     return {"models": models}
 
 
-PULL_ANSWERS = {200: {"description": "progress; stream false: {\"status\": \"success\"} once the model is stored"},
-                404: {"description": "the hub has no such repo, or no GGUF file for the tag", "model": OllamaError},
-                502: {"description": "the hub could not be reached, or the download failed", "model": OllamaError}}
+PULL_ANSWERS = streams(
+    NDJSON, "one JSON object a line: pulling manifest, pulling <digest> (total, completed), verifying sha256 "
+            "digest, writing manifest, success; or error, last",
+    {200: {"description": "progress; stream false: {\"status\": \"success\"} once the model is stored"},
+     404: {"description": "the hub has no such repo, or no GGUF file for the tag", "model": OllamaError},
+     502: {"description": "the hub could not be reached, or the download failed", "model": OllamaError}})
 
 
 @router.post("/api/pull", responses=PULL_ANSWERS)

@@ -24,10 +24,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from nexttok.generation.loop import Step
 from nexttok.generation.tools import ReplyStream, read_reply
 from nexttok.server.openai_shapes import token_logprobs
+from nexttok.server.routing import NDJSON
 from nexttok.server.scheduler import GenerationFailed, RequestTimeout, ShuttingDown
 from nexttok.server.streaming import Run, chained, close, first_step, steps_of
-
-NDJSON = "application/x-ndjson"
 
 
 def created_at() -> str:

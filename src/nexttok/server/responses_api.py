@@ -21,7 +21,7 @@ from __future__ import annotations
 import collections
 from typing import Annotated, Any, Literal
 
-from fastapi import FastAPI
+from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import Field, ValidationError
 
@@ -39,6 +39,7 @@ from nexttok.server.responses_items import (
     usage,
 )
 from nexttok.server.responses_stream import ResponseEvents
+from nexttok.server.routing import EVENTS, streams
 from nexttok.server.schemas import MAX_TOP_LOGPROBS, ChatRequest, Strict, bounded
 from nexttok.server.streaming import Run, close, first_step, steps_of, typed_event, typed_events
 
@@ -86,22 +87,32 @@ class ResponsesRequest(Strict):
     context_management: Any = None
 
 
-def install_responses_routes(app: FastAPI) -> None:
-    store: collections.OrderedDict[str, tuple[dict, list[dict]]] = collections.OrderedDict()
+router = APIRouter()
+EVENT_STREAM = streams(EVENTS, "event: {type} and data: {event} lines, each event with its sequence_number, "
+                               "ending with response.completed or response.incomplete")
 
-    @app.post("/v1/responses")
-    async def create_response(body: ResponsesRequest):
-        return await _create(await app.state.pool.get(body.model), body, store)
 
-    @app.get("/v1/responses/{response_id}")
-    async def retrieve_response(response_id: str):
-        return _stored(store, response_id, "response_id")[0]
+def response_store() -> collections.OrderedDict[str, tuple[dict, list[dict]]]:
+    """An app's kept responses (app.state.responses): response id -> (response, its conversation)."""
+    return collections.OrderedDict()
 
-    @app.delete("/v1/responses/{response_id}")
-    async def delete_response(response_id: str):
-        _stored(store, response_id, "response_id")
-        del store[response_id]
-        return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+@router.post("/v1/responses", responses=EVENT_STREAM)
+async def create_response(body: ResponsesRequest, request: Request):
+    return await _create(await request.app.state.pool.get(body.model), body, request.app.state.responses)
+
+
+@router.get("/v1/responses/{response_id}")
+async def retrieve_response(response_id: str, request: Request):
+    return _stored(request.app.state.responses, response_id, "response_id")[0]
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete_response(response_id: str, request: Request):
+    store = request.app.state.responses
+    _stored(store, response_id, "response_id")
+    del store[response_id]
+    return {"id": response_id, "object": "response.deleted", "deleted": True}
 
 
 def _stored(store, response_id: str, param: str) -> tuple[dict, list[dict]]:
