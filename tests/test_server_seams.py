@@ -1,8 +1,9 @@
 """The server's seams (issue 36): what the routes declare is what auth and /openapi.json do (open
-routes, streams)."""
+routes, streams), and the server logs a line per request and every 5xx with its traceback."""
 
 from __future__ import annotations
 
+import logging
 import re
 
 import pytest
@@ -26,6 +27,14 @@ def spec(app):
     response = TestClient(app).get("/openapi.json")  # open: no key
     assert response.status_code == 200
     return response.json()
+
+
+@pytest.fixture
+def server_log(caplog, monkeypatch):
+    """The records of the logger "nexttok.server", from INFO up (whatever a live server set it to)."""
+    monkeypatch.setattr(logging.getLogger("nexttok.server"), "propagate", True)
+    caplog.set_level(logging.INFO, logger="nexttok.server")
+    return caplog
 
 
 def _body_schema(spec: dict, operation: dict) -> dict:
@@ -79,3 +88,55 @@ def test_every_route_is_in_one_apis_table(spec):
     assert tags["/v1/responses"] == {"Responses"} and tags["/api/pull"] == {"Ollama"}
     assert tags["/v1/messages"] == {"Anthropic"} and tags["/explain/sessions"] == {"Explainer"}
     assert tags["/v1/chat/completions"] == {"OpenAI"} and tags["/health"] == {"Server"}
+
+
+def _failing_app(served, error: Exception):
+    app = create_app([served], start_schedulers=False)
+
+    async def fail():
+        raise error
+
+    app.add_api_route("/v1/fail", fail, methods=["GET"])
+    app.add_api_route("/api/fail", fail, methods=["GET"])
+    return app
+
+
+def test_a_request_line_for_every_request(served, server_log):
+    client = TestClient(create_app([served], start_schedulers=False))
+    assert client.get("/health").status_code == 200
+    assert client.post("/v1/completions", json={"model": "nope", "prompt": "x"}).status_code == 404
+    lines = [r.getMessage() for r in server_log.records if r.name == "nexttok.server" and r.levelno == logging.INFO]
+    assert re.fullmatch(r"GET /health 200 \d+\.\d{3}s", lines[0]), lines
+    assert lines[1].startswith("POST /v1/completions 404 "), lines
+
+
+def test_an_unanswered_exception_is_a_logged_500_in_the_apis_shape(served, server_log):
+    client = TestClient(_failing_app(served, RuntimeError("the disk caught fire")), raise_server_exceptions=False)
+    response = client.get("/v1/fail")
+    assert response.status_code == 500
+    assert response.json()["error"]["type"] == "server_error" and "RuntimeError" in response.json()["error"]["message"]
+    assert "fire" not in response.text  # the log has the details, not the client
+    assert client.get("/api/fail").json() == {"error": "the server failed (RuntimeError); its log says where"}
+    failed = [r for r in server_log.records if r.levelno == logging.ERROR]
+    assert len(failed) == 2 and failed[0].getMessage() == "GET /v1/fail failed"
+    assert failed[0].exc_info[1].args == ("the disk caught fire",) and "Traceback" in server_log.text
+    assert "GET /v1/fail 500 " in server_log.text
+
+
+def test_an_answered_5xx_is_logged_with_its_traceback(served, server_log):
+    from nexttok.server.scheduler import GenerationFailed, RequestTimeout
+
+    for error, status in ((GenerationFailed("the batch failed"), 500), (RequestTimeout("too slow"), 504)):
+        server_log.clear()
+        response = TestClient(_failing_app(served, error)).get("/v1/fail")
+        assert response.status_code == status
+        logged = [r for r in server_log.records if r.levelno == logging.ERROR]
+        assert len(logged) == 1 and logged[0].exc_info[1] is error, logged
+        assert f"GET /v1/fail answered {status}" in logged[0].getMessage()
+
+
+def test_a_4xx_and_a_501_are_not_logged_as_failures(served, server_log):
+    client = TestClient(create_app([served], start_schedulers=False))
+    assert client.post("/v1/completions", json={"model": "tiny", "prompt": "x", "top_p": 9}).status_code == 400
+    assert client.post("/api/push", json={"model": "x"}).status_code == 501
+    assert not [r for r in server_log.records if r.levelno >= logging.WARNING]

@@ -26,6 +26,7 @@ from nexttok.server.engine import ServedModel, find_served, load_served
 from nexttok.server.errors import install_error_handlers
 from nexttok.server.lesson.routes import install_explainer
 from nexttok.server.limits import BodyLimit, ServerLimits, json_text_is_unicode
+from nexttok.server.logs import RequestLog
 from nexttok.server.metrics import Metrics
 from nexttok.server.openapi import openapi_spec
 from nexttok.server.pool import ModelPool, stored_name
@@ -77,6 +78,7 @@ def create_app(models: list[ServedModel], *, api_key: str | None = None,
     install_error_handlers(app)
     install_api_key(app, api_key)
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
+    app.add_middleware(RequestLog)  # added last, so outermost: it sees every answer, a 401 or 413 too
     app.state.error_shapes = dict(ERROR_SHAPES)
     app.state.responses = responses_api.response_store()
     for api, tables in ROUTE_TABLES.items():
