@@ -140,3 +140,48 @@ def test_a_4xx_and_a_501_are_not_logged_as_failures(served, server_log):
     assert client.post("/v1/completions", json={"model": "tiny", "prompt": "x", "top_p": 9}).status_code == 400
     assert client.post("/api/push", json={"model": "x"}).status_code == 501
     assert not [r for r in server_log.records if r.levelno >= logging.WARNING]
+
+
+class _Steps:
+    """A run's steps that only know whether they were closed."""
+
+    closed = False
+
+    async def aclose(self):
+        self.closed = True
+
+
+def _written(wire, error, fail: Exception, errors=None) -> tuple[bytes, bool]:
+    """What the one writer sends for one event and then `fail`, and whether it closed the run."""
+    import asyncio
+
+    from nexttok.server.streaming import STREAM_ERRORS, Run, written
+
+    async def events():
+        yield {"type": "ping", "n": "é"}
+        raise fail
+
+    run = Run([1], 0, _Steps())
+
+    async def collect():
+        return b"".join([part async for part in written(wire, events(), [run], error, errors or STREAM_ERRORS)])
+    return asyncio.run(collect()), run.steps.closed
+
+
+def test_one_writer_frames_each_api_and_ends_an_error_its_way(server_log):
+    from nexttok.server.anthropic import _stream_error
+    from nexttok.server.scheduler import GenerationFailed, RequestTimeout
+    from nexttok.server.streaming import NDJSON_LINES, OPENAI_CHUNKS, TYPED_EVENTS, openai_stream_error
+
+    sent, closed = _written(OPENAI_CHUNKS, openai_stream_error, RequestTimeout("late"))
+    assert sent == (b'data: {"type": "ping", "n": "\xc3\xa9"}\n\ndata: {"error": {"message": "late", "type": '
+                    b'"timeout_error", "param": null, "code": null}}\n\ndata: [DONE]\n\n') and closed
+    sent, closed = _written(TYPED_EVENTS, _stream_error, GenerationFailed("broke"))
+    assert sent.endswith(b'event: error\ndata: {"type": "error", "error": {"type": "api_error", "message": "broke"}}'
+                         b'\n\n') and sent.startswith(b"event: ping\n") and closed
+    sent, closed = _written(NDJSON_LINES, lambda e: {"error": str(e)}, ValueError("bad"))
+    assert sent == b'{"type": "ping", "n": "\xc3\xa9"}\n{"error": "bad"}\n' and closed
+    failed = [r for r in server_log.records if r.levelno == logging.ERROR]
+    assert [r.exc_info[0] for r in failed] == [RequestTimeout, GenerationFailed, ValueError]
+    with pytest.raises(KeyError):  # not among the errors the API writes as an event: it propagates
+        _written(NDJSON_LINES, lambda e: {"error": str(e)}, KeyError("x"), errors=(ValueError,))

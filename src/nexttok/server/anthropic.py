@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field, ValidationError
 
 from nexttok.errors import InvalidParameter
@@ -27,9 +26,9 @@ from nexttok.server.completions import chat_plan, chat_prompt
 from nexttok.server.engine import ServedModel
 from nexttok.server.errors import ErrorShape
 from nexttok.server.routing import EVENTS, streams
-from nexttok.server.scheduler import GenerationFailed, RequestTimeout, ShuttingDown
+from nexttok.server.scheduler import RequestTimeout
 from nexttok.server.schemas import ChatRequest, StopStrings, Strict, bounded
-from nexttok.server.streaming import Run, close, first_step, steps_of, typed_event, typed_events
+from nexttok.server.streaming import TYPED_EVENTS, Run, close, first_step, stepped, steps_of, stream_response
 
 MESSAGES = "/v1/messages"
 COUNT_TOKENS = "/v1/messages/count_tokens"
@@ -147,8 +146,8 @@ async def _create(served: ServedModel, body: MessagesRequest):
     run = Run(ids, 0, served.scheduler.submit(generation))
     if body.stream:
         first = await first_step([run])
-        return StreamingResponse(_events(reply, run, first), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return stream_response(TYPED_EVENTS, stepped(MessageEvents(reply, len(ids)), first, run.steps), [run],
+                               _stream_error)
     try:
         steps = await steps_of(run)
     finally:
@@ -156,13 +155,6 @@ async def _create(served: ServedModel, body: MessagesRequest):
     return reply.whole(steps, len(ids))
 
 
-async def _events(reply: Reply, run: Run, first):
-    events = MessageEvents(reply, len(run.ids))
-    try:
-        async for chunk in typed_events(events, first, run.steps):
-            yield chunk
-    except (ValueError, RequestTimeout, ShuttingDown, GenerationFailed) as e:  # say so, end cleanly
-        status = 504 if isinstance(e, RequestTimeout) else 500
-        yield typed_event(anthropic_error(status, str(e), None, None, ""))
-    finally:
-        await close([run])
+def _stream_error(e: Exception) -> dict:
+    """An error in the middle of a message's stream, as Anthropic's error event."""
+    return anthropic_error(504 if isinstance(e, RequestTimeout) else 500, str(e), None, None, "")

@@ -22,7 +22,6 @@ import collections
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
 from pydantic import Field, ValidationError
 
 from nexttok.errors import InvalidParameter
@@ -41,7 +40,7 @@ from nexttok.server.responses_items import (
 from nexttok.server.responses_stream import ResponseEvents
 from nexttok.server.routing import EVENTS, streams
 from nexttok.server.schemas import MAX_TOP_LOGPROBS, ChatRequest, Strict, bounded
-from nexttok.server.streaming import Run, close, first_step, steps_of, typed_event, typed_events
+from nexttok.server.streaming import TYPED_EVENTS, Run, close, first_step, stepped, steps_of, stream_response
 
 STORED_RESPONSES = 256
 # the chat request's fields that come from differently named fields here
@@ -146,8 +145,10 @@ async def _create(served: ServedModel, body: ResponsesRequest, store):
 
     if body.stream:
         first = await first_step([run])
-        return StreamingResponse(_events(builder, run, first, keep), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        events = ResponseEvents(builder, len(ids))
+        # any error mid-stream is an error event, and the stream ends cleanly
+        return stream_response(TYPED_EVENTS, _kept(events, first, run, keep), [run], lambda e: events.error(str(e)),
+                               errors=(Exception,))
     try:
         steps = await steps_of(run)
     finally:
@@ -185,13 +186,8 @@ def _echoed(body: ResponsesRequest) -> dict:
             "top_logprobs": body.top_logprobs or 0, "user": body.user, "max_tool_calls": body.max_tool_calls}
 
 
-async def _events(builder: ResponseBuilder, run: Run, first, keep):
-    events = ResponseEvents(builder, len(run.ids))
-    try:
-        async for chunk in typed_events(events, first, run.steps):
-            yield chunk
-        keep(events.final)
-    except Exception as e:  # an error mid-stream is an error event, and the stream ends cleanly
-        yield typed_event(events.error(str(e)))
-    finally:
-        await close([run])
+async def _kept(events: ResponseEvents, first, run: Run, keep):
+    """The response's events; once the last is sent, the response is kept."""
+    async for payload in stepped(events, first, run.steps):
+        yield payload
+    keep(events.final)
