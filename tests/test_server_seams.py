@@ -169,14 +169,14 @@ def _written(wire, error, fail: Exception, errors=None) -> tuple[bytes, bool]:
 
 
 def test_one_writer_frames_each_api_and_ends_an_error_its_way(server_log):
-    from nexttok.server.anthropic import _stream_error
+    from nexttok.server.anthropic import stream_error
     from nexttok.server.scheduler import GenerationFailed, RequestTimeout
     from nexttok.server.streaming import NDJSON_LINES, OPENAI_CHUNKS, TYPED_EVENTS, openai_stream_error
 
     sent, closed = _written(OPENAI_CHUNKS, openai_stream_error, RequestTimeout("late"))
     assert sent == (b'data: {"type": "ping", "n": "\xc3\xa9"}\n\ndata: {"error": {"message": "late", "type": '
                     b'"timeout_error", "param": null, "code": null}}\n\ndata: [DONE]\n\n') and closed
-    sent, closed = _written(TYPED_EVENTS, _stream_error, GenerationFailed("broke"))
+    sent, closed = _written(TYPED_EVENTS, stream_error, GenerationFailed("broke"))
     assert sent.endswith(b'event: error\ndata: {"type": "error", "error": {"type": "api_error", "message": "broke"}}'
                          b'\n\n') and sent.startswith(b"event: ping\n") and closed
     sent, closed = _written(NDJSON_LINES, lambda e: {"error": str(e)}, ValueError("bad"))

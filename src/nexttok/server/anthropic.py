@@ -147,7 +147,7 @@ async def _create(served: ServedModel, body: MessagesRequest):
     if body.stream:
         first = await first_step([run])
         return stream_response(TYPED_EVENTS, stepped(MessageEvents(reply, len(ids)), first, run.steps), [run],
-                               _stream_error)
+                               stream_error)
     try:
         steps = await steps_of(run)
     finally:
@@ -155,6 +155,6 @@ async def _create(served: ServedModel, body: MessagesRequest):
     return reply.whole(steps, len(ids))
 
 
-def _stream_error(e: Exception) -> dict:
+def stream_error(e: Exception) -> dict:
     """An error in the middle of a message's stream, as Anthropic's error event."""
     return anthropic_error(504 if isinstance(e, RequestTimeout) else 500, str(e), None, None, "")

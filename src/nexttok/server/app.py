@@ -4,10 +4,12 @@ Routes: POST /v1/completions, POST /v1/chat/completions (completions.py), POST /
 GET/DELETE /v1/responses/{id} (responses_api.py), POST /v1/messages and /v1/messages/count_tokens
 (Anthropic's Messages API, anthropic.py), POST /v1/embeddings (embeddings.py), GET /v1/models (and /{model}),
 POST /tokenize, POST /detokenize, GET /health, GET /metrics (routes.py), Ollama's native API under
-/api (ollama.py), the explainer page and its API (explainer.py). The models: the ones it was started
-with, and those it loads on first use and unloads when idle (pool.py). Errors use OpenAI's shape
-{"error": {"message", "type", "param", "code"}} (errors.py), Anthropic's and Ollama's on their
-routes; client mistakes are 4xx, never 500.
+/api (ollama.py), the explainer page and its API (lesson/routes.py): one route table per API
+(ROUTE_TABLES), whose routes say themselves whether they stream and whether they are open
+(routing.py). The models: the ones it was started with, and those it loads on first use and
+unloads when idle (pool.py). Errors use OpenAI's shape {"error": {"message", "type", "param",
+"code"}} (errors.py), Anthropic's and Ollama's on their routes; client mistakes are 4xx, never
+500. Every request is logged (logs.py).
 """
 
 from __future__ import annotations
