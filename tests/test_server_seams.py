@@ -124,15 +124,18 @@ def test_an_unanswered_exception_is_a_logged_500_in_the_apis_shape(served, serve
 
 
 def test_an_answered_5xx_is_logged_with_its_traceback(served, server_log):
-    from nexttok.server.scheduler import GenerationFailed, RequestTimeout
+    from nexttok.server.scheduler import GenerationFailed, RequestTimeout, ShuttingDown
 
-    for error, status in ((GenerationFailed("the batch failed"), 500), (RequestTimeout("too slow"), 504)):
+    for error, status in ((ShuttingDown("going away"), 503), (RequestTimeout("too slow"), 504)):
         server_log.clear()
         response = TestClient(_failing_app(served, error)).get("/v1/fail")
         assert response.status_code == status
         logged = [r for r in server_log.records if r.levelno == logging.ERROR]
         assert len(logged) == 1 and logged[0].exc_info[1] is error, logged
         assert f"GET /v1/fail answered {status}" in logged[0].getMessage()
+    server_log.clear()  # a failed generation: the scheduler logged it where it failed, not again here
+    assert TestClient(_failing_app(served, GenerationFailed("the batch failed"))).get("/v1/fail").status_code == 500
+    assert not [r for r in server_log.records if r.levelno == logging.ERROR]
 
 
 def test_a_4xx_and_a_501_are_not_logged_as_failures(served, server_log):
@@ -182,6 +185,6 @@ def test_one_writer_frames_each_api_and_ends_an_error_its_way(server_log):
     sent, closed = _written(NDJSON_LINES, lambda e: {"error": str(e)}, ValueError("bad"))
     assert sent == b'{"type": "ping", "n": "\xc3\xa9"}\n{"error": "bad"}\n' and closed
     failed = [r for r in server_log.records if r.levelno == logging.ERROR]
-    assert [r.exc_info[0] for r in failed] == [RequestTimeout, GenerationFailed, ValueError]
+    assert [r.exc_info[0] for r in failed] == [RequestTimeout, ValueError]  # the scheduler logs a failed generation
     with pytest.raises(KeyError):  # not among the errors the API writes as an event: it propagates
         _written(NDJSON_LINES, lambda e: {"error": str(e)}, KeyError("x"), errors=(ValueError,))

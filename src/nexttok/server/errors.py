@@ -3,7 +3,8 @@ turn every exception a request can raise into one (client mistakes are 4xx, neve
 API's routes (Anthropic's /v1/messages, Ollama's /api) answer in that API's own shape: each
 registers an ErrorShape for its paths in app.state.error_shapes, and every handler here writes in
 the shape of the path it answers. A 5xx is logged with the traceback of its exception (but a 501,
-which says a route is not available, and a full waiting line, which is load, not a failure)."""
+which says a route is not available, a full waiting line, which is load, not a failure, and a
+failed generation, which the scheduler logs)."""
 
 from __future__ import annotations
 
@@ -136,7 +137,8 @@ def _install_scheduler_errors(app: FastAPI) -> None:
 
     @app.exception_handler(GenerationFailed)
     async def generation_failed(request: Request, e: GenerationFailed):
-        return request_error(request, 500, str(e), code="generation_failed", kind="server_error", cause=e)
+        # logged by the scheduler already, with the traceback of where the generation failed
+        return request_error(request, 500, str(e), code="generation_failed", kind="server_error")
 
     @app.exception_handler(ShuttingDown)
     async def shutting_down(request: Request, e: ShuttingDown):

@@ -68,13 +68,15 @@ def stream_response(wire: WireFormat, events: AsyncIterator[dict], runs: list[Ru
 async def written(wire: WireFormat, events: AsyncIterator[dict], runs: list[Run],
                   error: Callable[[Exception], dict], errors: tuple[type[Exception], ...] = STREAM_ERRORS
                   ) -> AsyncIterator[bytes]:
-    """The one event writer: each event framed; an error mid-stream logged with its traceback and
-    written as the API's error event, and the stream ends cleanly; every run closed; the terminator."""
+    """The one event writer: each event framed; an error mid-stream logged with its traceback (a
+    failed generation: by the scheduler) and written as the API's error event, and the stream ends
+    cleanly; every run closed; the terminator."""
     try:
         async for payload in events:
             yield wire.frame(payload)
     except errors as e:
-        log.error("a stream ended early: %s: %s", type(e).__name__, e, exc_info=e)
+        if not isinstance(e, GenerationFailed):  # the scheduler logged that one, with where it failed
+            log.error("a stream ended early: %s: %s", type(e).__name__, e, exc_info=e)
         yield wire.frame(error(e))
     finally:
         await close(runs)
