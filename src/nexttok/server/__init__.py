@@ -9,6 +9,7 @@ import uvicorn
 from nexttok.server.app import create_app
 from nexttok.server.engine import ServedModel, load_served
 from nexttok.server.limits import ServerLimits
+from nexttok.server.logs import logging_config
 
 __all__ = ["Server", "ServedModel", "ServerLimits", "create_app", "load_served", "serve_in_main_thread"]
 
@@ -19,6 +20,7 @@ class Server(uvicorn.Server):
 
     def __init__(self, app, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info"):
         super().__init__(uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                                        log_config=logging_config(log_level), access_log=False,
                                         timeout_graceful_shutdown=10))
         self.app = app
 

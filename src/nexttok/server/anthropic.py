@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import StreamingResponse
+from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field, ValidationError
 
 from nexttok.errors import InvalidParameter
@@ -26,13 +25,14 @@ from nexttok.server.anthropic_stream import MessageEvents
 from nexttok.server.completions import chat_plan, chat_prompt
 from nexttok.server.engine import ServedModel
 from nexttok.server.errors import ErrorShape
-from nexttok.server.scheduler import GenerationFailed, RequestTimeout, ShuttingDown
+from nexttok.server.routing import EVENTS, streams
+from nexttok.server.scheduler import RequestTimeout
 from nexttok.server.schemas import ChatRequest, StopStrings, Strict, bounded
-from nexttok.server.streaming import Run, close, first_step, steps_of, typed_event, typed_events
+from nexttok.server.streaming import TYPED_EVENTS, Run, close, first_step, stepped, steps_of, stream_response
 
 MESSAGES = "/v1/messages"
 COUNT_TOKENS = "/v1/messages/count_tokens"
-STREAMING_PATHS = {MESSAGES: "Anthropic's events: event: {type} and data: {event} lines, ending with message_stop"}
+EVENT_STREAM = streams(EVENTS, "Anthropic's events: event: {type} and data: {event} lines, ending with message_stop")
 # the chat request's fields that come from differently named fields here
 CHAT_FIELDS = {"stop": "stop_sequences", "response_format": "output_config"}
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -100,7 +100,7 @@ ANTHROPIC_ERRORS = ErrorShape(anthropic_error, AnthropicErrorResponse, statuses=
 router = APIRouter()
 
 
-@router.post(MESSAGES)
+@router.post(MESSAGES, responses=EVENT_STREAM)
 async def create_message(body: MessagesRequest, request: Request):
     return await _create(await request.app.state.pool.get(body.model), body)
 
@@ -110,11 +110,6 @@ async def count_tokens(body: CountTokensRequest, request: Request):
     """The prompt's tokens as /v1/messages renders it (tools included), counted without generating."""
     served = await request.app.state.pool.get(body.model)
     return {"input_tokens": len(chat_prompt(served, chat_request(body))[0])}
-
-
-def install_anthropic_routes(app: FastAPI) -> None:
-    app.include_router(router)
-    app.state.error_shapes = {**getattr(app.state, "error_shapes", {}), MESSAGES: ANTHROPIC_ERRORS}
 
 
 def chat_request(body: MessagesRequest) -> ChatRequest:
@@ -151,8 +146,8 @@ async def _create(served: ServedModel, body: MessagesRequest):
     run = Run(ids, 0, served.scheduler.submit(generation))
     if body.stream:
         first = await first_step([run])
-        return StreamingResponse(_events(reply, run, first), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return stream_response(TYPED_EVENTS, stepped(MessageEvents(reply, len(ids)), first, run.steps), [run],
+                               stream_error)
     try:
         steps = await steps_of(run)
     finally:
@@ -160,13 +155,6 @@ async def _create(served: ServedModel, body: MessagesRequest):
     return reply.whole(steps, len(ids))
 
 
-async def _events(reply: Reply, run: Run, first):
-    events = MessageEvents(reply, len(run.ids))
-    try:
-        async for chunk in typed_events(events, first, run.steps):
-            yield chunk
-    except (ValueError, RequestTimeout, ShuttingDown, GenerationFailed) as e:  # say so, end cleanly
-        status = 504 if isinstance(e, RequestTimeout) else 500
-        yield typed_event(anthropic_error(status, str(e), None, None, ""))
-    finally:
-        await close([run])
+def stream_error(e: Exception) -> dict:
+    """An error in the middle of a message's stream, as Anthropic's error event."""
+    return anthropic_error(504 if isinstance(e, RequestTimeout) else 500, str(e), None, None, "")

@@ -4,10 +4,12 @@ Routes: POST /v1/completions, POST /v1/chat/completions (completions.py), POST /
 GET/DELETE /v1/responses/{id} (responses_api.py), POST /v1/messages and /v1/messages/count_tokens
 (Anthropic's Messages API, anthropic.py), POST /v1/embeddings (embeddings.py), GET /v1/models (and /{model}),
 POST /tokenize, POST /detokenize, GET /health, GET /metrics (routes.py), Ollama's native API under
-/api (ollama.py), the explainer page and its API (explainer.py). The models: the ones it was started
-with, and those it loads on first use and unloads when idle (pool.py). Errors use OpenAI's shape
-{"error": {"message", "type", "param", "code"}} (errors.py), Anthropic's and Ollama's on their
-routes; client mistakes are 4xx, never 500.
+/api (ollama.py), the explainer page and its API (lesson/routes.py): one route table per API
+(ROUTE_TABLES), whose routes say themselves whether they stream and whether they are open
+(routing.py). The models: the ones it was started with, and those it loads on first use and
+unloads when idle (pool.py). Errors use OpenAI's shape {"error": {"message", "type", "param",
+"code"}} (errors.py), Anthropic's and Ollama's on their routes; client mistakes are 4xx, never
+500. Every request is logged (logs.py).
 """
 
 from __future__ import annotations
@@ -20,21 +22,25 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 
 from nexttok.generation.loop import context_window
-from nexttok.server.anthropic import install_anthropic_routes
+from nexttok.server import anthropic, completions, embeddings, ollama, responses_api, routes
 from nexttok.server.auth import install_api_key
-from nexttok.server.completions import install_generation_routes
-from nexttok.server.embeddings import install_embedding_routes
 from nexttok.server.engine import ServedModel, find_served, load_served
 from nexttok.server.errors import install_error_handlers
 from nexttok.server.lesson.routes import install_explainer
 from nexttok.server.limits import BodyLimit, ServerLimits, json_text_is_unicode
+from nexttok.server.logs import RequestLog
 from nexttok.server.metrics import Metrics
-from nexttok.server.ollama import install_ollama_routes
 from nexttok.server.openapi import openapi_spec
 from nexttok.server.pool import ModelPool, stored_name
-from nexttok.server.responses_api import install_responses_routes
-from nexttok.server.routes import install_routes
 from nexttok.server.scheduler import Scheduler
+
+# one route table per API, by the tag /openapi.json groups its routes under (the explainer's is
+# built with its state: lesson/routes.py)
+ROUTE_TABLES = {"OpenAI": [completions.router, embeddings.router, routes.router],
+                "Responses": [responses_api.router], "Anthropic": [anthropic.router], "Ollama": [ollama.router],
+                "Server": [routes.status_router]}
+# the paths (a prefix and those under it) that answer errors in another API's shape than OpenAI's
+ERROR_SHAPES = {anthropic.MESSAGES: anthropic.ANTHROPIC_ERRORS, ollama.PREFIX: ollama.OLLAMA_ERRORS}
 
 
 @asynccontextmanager
@@ -74,12 +80,12 @@ def create_app(models: list[ServedModel], *, api_key: str | None = None,
     install_error_handlers(app)
     install_api_key(app, api_key)
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
-    install_routes(app)
-    install_generation_routes(app)
-    install_embedding_routes(app)
-    install_responses_routes(app)
-    install_anthropic_routes(app)
-    install_ollama_routes(app)
+    app.add_middleware(RequestLog)  # added last, so outermost: it sees every answer, a 401 or 413 too
+    app.state.error_shapes = dict(ERROR_SHAPES)
+    app.state.responses = responses_api.response_store()
+    for api, tables in ROUTE_TABLES.items():
+        for table in tables:
+            app.include_router(table, tags=[api])
     install_explainer(app, lambda name: find_served(app.state.models, name))
     app.openapi = lambda: openapi_spec(app, api_key is not None)
     return app

@@ -1,4 +1,5 @@
-"""The API key: every path but the open ones needs it when a key is set, sent as
+"""The API key: every path but those of the open routes (routing.OPEN: /health, the page and its
+static files, the API documentation) needs it when a key is set, sent as
 `Authorization: Bearer KEY` (OpenAI's clients) or `x-api-key: KEY` (Anthropic's)."""
 
 from __future__ import annotations
@@ -8,13 +9,13 @@ import hmac
 from fastapi import FastAPI, Request
 
 from nexttok.server.errors import error_shape
+from nexttok.server.routing import open_routes
 
-OPEN_PATHS = {"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/"}  # and /static/...
 
-
-def needs_key(path: str) -> bool:
-    """needs_key("/v1/models") -> True; needs_key("/health") -> False."""
-    return path not in OPEN_PATHS and not path.startswith("/static/")
+def needs_key(app: FastAPI, path: str) -> bool:
+    """Whether a request for path needs the key (any path no open route answers, unknown ones
+    too): needs_key(app, "/v1/models") -> True; needs_key(app, "/health") -> False."""
+    return not any(route.path_regex.match(path) for route in open_routes(app))
 
 
 def bearer_token(authorization: str) -> str | None:
@@ -41,7 +42,7 @@ def install_api_key(app: FastAPI, api_key: str | None) -> None:
 
     @app.middleware("http")
     async def check_key(request: Request, call_next):
-        if not needs_key(request.url.path):
+        if not needs_key(request.app, request.url.path):
             return await call_next(request)
         keys = given_keys(request.headers)
         if any(hmac.compare_digest(key.encode(), expected) for key in keys):  # constant time

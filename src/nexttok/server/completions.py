@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import anyio
-from fastapi import FastAPI
+from fastapi import APIRouter, Request
 
 from nexttok.errors import InvalidParameter
 from nexttok.generation.grammar import Constraint, check_schema_depth
@@ -16,7 +16,8 @@ from nexttok.generation.sampling import SamplingParams
 from nexttok.generation.tools import Tool, from_functions, parse_choice, parse_tools, reply_schema, with_tools
 from nexttok.server.engine import ServedModel
 from nexttok.server.errors import APIError
-from nexttok.server.responses import ChatFormat, CompletionFormat, ResponseFormat, ToolCallFormat
+from nexttok.server.openai_shapes import ChatFormat, CompletionFormat, ResponseFormat, ToolCallFormat
+from nexttok.server.routing import EVENTS, streams
 from nexttok.server.schemas import ChatRequest, CompletionRequest, OutputFormat, SamplingFields, stage_settings
 from nexttok.server.scoring import best_choices, fim_ids, prompt_text, score_prompts
 from nexttok.server.streaming import Run, close, respond
@@ -85,14 +86,18 @@ def _output_schema(output: OutputFormat | None) -> dict | None:
     return output.json_schema.schema_
 
 
-def install_generation_routes(app: FastAPI) -> None:
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest):
-        return await _complete(await app.state.pool.get(body.model), body)
+router = APIRouter()
+CHUNKS = streams(EVENTS, "data: {chunk} lines, then data: [DONE]")
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatRequest):
-        return await _chat(await app.state.pool.get(body.model), body)
+
+@router.post("/v1/completions", responses=CHUNKS)
+async def completions(body: CompletionRequest, request: Request):
+    return await _complete(await request.app.state.pool.get(body.model), body)
+
+
+@router.post("/v1/chat/completions", responses=CHUNKS)
+async def chat_completions(body: ChatRequest, request: Request):
+    return await _chat(await request.app.state.pool.get(body.model), body)
 
 
 async def _complete(served: ServedModel, body: CompletionRequest):

@@ -24,7 +24,7 @@ from typing import Annotated, Literal
 
 import anyio
 import torch
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI, Request
 from pydantic import BaseModel, Field
 
 from nexttok.errors import InvalidParameter
@@ -74,18 +74,20 @@ class CreateEmbeddingResponse(BaseModel):
     usage: EmbeddingUsage
 
 
-def install_embedding_routes(app: FastAPI) -> None:
-    @app.post("/v1/embeddings", responses={200: {"model": CreateEmbeddingResponse}})
-    async def embeddings(body: CreateEmbeddingRequest):
-        served = await app.state.pool.get(body.model)
-        check_dimensions(served, body.dimensions)
-        inputs = input_ids(served, body.input)
-        vectors = await embed(app, served, inputs)
-        tokens = sum(map(len, inputs))
-        data = [{"object": "embedding", "index": i, "embedding": encode_vector(v, body.encoding_format)}
-                for i, v in enumerate(vectors)]
-        return {"object": "list", "data": data, "model": served.name,
-                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+router = APIRouter()
+
+
+@router.post("/v1/embeddings", responses={200: {"model": CreateEmbeddingResponse}})
+async def embeddings(body: CreateEmbeddingRequest, request: Request):
+    served = await request.app.state.pool.get(body.model)
+    check_dimensions(served, body.dimensions)
+    inputs = input_ids(served, body.input)
+    vectors = await embed(request.app, served, inputs)
+    tokens = sum(map(len, inputs))
+    data = [{"object": "embedding", "index": i, "embedding": encode_vector(v, body.encoding_format)}
+            for i, v in enumerate(vectors)]
+    return {"object": "list", "data": data, "model": served.name,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
 
 async def embed(app: FastAPI, served: ServedModel, inputs: list[list[int]]) -> list[torch.Tensor]:

@@ -2,10 +2,13 @@
 turn every exception a request can raise into one (client mistakes are 4xx, never 500). Another
 API's routes (Anthropic's /v1/messages, Ollama's /api) answer in that API's own shape: each
 registers an ErrorShape for its paths in app.state.error_shapes, and every handler here writes in
-the shape of the path it answers."""
+the shape of the path it answers. A 5xx is logged with the traceback of its exception (but a 501,
+which says a route is not available, a full waiting line, which is load, not a failure, and a
+failed generation, which the scheduler logs)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -20,6 +23,8 @@ from nexttok.generation.grammar import MAX_SCHEMA_DEPTH
 from nexttok.server.scheduler import GenerationFailed, QueueFull, RequestTimeout, ShuttingDown
 from nexttok.server.schemas import ErrorResponse
 from nexttok.tokenizers.chat_template import ChatTemplateError
+
+log = logging.getLogger("nexttok.server")
 
 
 class APIError(Exception):
@@ -72,9 +77,14 @@ def error_shape(app, path: str) -> ErrorShape:
 
 
 def request_error(request: Request, status: int, message: str, param: str | None = None, code: str | None = None,
-                  kind: str = "invalid_request_error") -> JSONResponse:
-    """An error response in the shape of the API the request went to."""
-    return error_shape(request.app, request.url.path).response(status, message, param, code, kind)
+                  kind: str = "invalid_request_error", cause: BaseException | None = None) -> JSONResponse:
+    """An error response in the shape of the API the request went to; a 5xx (not 501) is logged
+    with the traceback of its cause."""
+    response = error_shape(request.app, request.url.path).response(status, message, param, code, kind)
+    if cause is not None and response.status_code >= 500 and response.status_code != 501:
+        log.error("%s %s answered %d: %s", request.method, request.url.path, response.status_code, message,
+                  exc_info=cause)
+    return response
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -87,7 +97,7 @@ def install_error_handlers(app: FastAPI) -> None:
 def _install_request_errors(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError):
-        return request_error(request, e.status, e.message, e.param, e.code, e.kind)
+        return request_error(request, e.status, e.message, e.param, e.code, e.kind, cause=e)
 
     @app.exception_handler(InvalidParameter)
     async def invalid_parameter(request: Request, e: InvalidParameter):
@@ -110,7 +120,7 @@ def _install_request_errors(app: FastAPI) -> None:
             message = (f"request body is nested too deeply to read (a JSON schema in it may nest "
                        f"{MAX_SCHEMA_DEPTH} levels)")
         code = {404: "not_found", 413: "body_too_large"}.get(e.status_code)
-        return request_error(request, e.status_code, message, code=code)
+        return request_error(request, e.status_code, message, code=code, cause=e)
 
 
 def _install_scheduler_errors(app: FastAPI) -> None:
@@ -123,15 +133,16 @@ def _install_scheduler_errors(app: FastAPI) -> None:
 
     @app.exception_handler(RequestTimeout)
     async def timeout(request: Request, e: RequestTimeout):
-        return request_error(request, 504, str(e), code="timeout", kind="timeout_error")
+        return request_error(request, 504, str(e), code="timeout", kind="timeout_error", cause=e)
 
     @app.exception_handler(GenerationFailed)
     async def generation_failed(request: Request, e: GenerationFailed):
+        # logged by the scheduler already, with the traceback of where the generation failed
         return request_error(request, 500, str(e), code="generation_failed", kind="server_error")
 
     @app.exception_handler(ShuttingDown)
     async def shutting_down(request: Request, e: ShuttingDown):
-        return request_error(request, 503, str(e), code="shutting_down", kind="server_error")
+        return request_error(request, 503, str(e), code="shutting_down", kind="server_error", cause=e)
 
 
 def describe_validation(errors: list[dict], content_type: str | None = None,

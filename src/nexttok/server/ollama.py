@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from nexttok.errors import InvalidParameter
@@ -35,15 +35,13 @@ from nexttok.server.ollama_schemas import (
     OllamaMessage,
 )
 from nexttok.server.ollama_wire import OllamaWire, answer, created_at, nanoseconds
+from nexttok.server.routing import NDJSON, streams
 from nexttok.server.schemas import ChatRequest
 from nexttok.server.scoring import fim_ids
 from nexttok.server.streaming import Run
 
 PREFIX = "/api"
-STREAMING_PATHS = {"/api/chat": "one JSON object a line; the last one has done: true",
-                   "/api/generate": "one JSON object a line; the last one has done: true",
-                   "/api/pull": "one JSON object a line: pulling manifest, pulling <digest> (total, completed), "
-                                "verifying sha256 digest, writing manifest, success; or error, last"}
+LINES = streams(NDJSON, "one JSON object a line; the last one has done: true")
 
 
 def ollama_error(status: int, message: str, param: str | None, code: str | None, kind: str) -> dict:
@@ -59,12 +57,7 @@ router = APIRouter()
 router.include_router(model_router)
 
 
-def install_ollama_routes(app: FastAPI) -> None:
-    app.include_router(router)
-    app.state.error_shapes = {**getattr(app.state, "error_shapes", {}), PREFIX: OLLAMA_ERRORS}
-
-
-@router.post("/api/chat")
+@router.post("/api/chat", responses=LINES)
 async def chat(body: OllamaChatRequest, request: Request):
     arrived = time.perf_counter()
     if not body.messages and await _unloaded(request, body):
@@ -88,7 +81,7 @@ async def chat(body: OllamaChatRequest, request: Request):
     return await _submit(served, ids, plan, wire, body.stream)
 
 
-@router.post("/api/generate")
+@router.post("/api/generate", responses=LINES)
 async def generate(body: OllamaGenerateRequest, request: Request):
     arrived = time.perf_counter()
     if not body.prompt and not body.suffix and await _unloaded(request, body):

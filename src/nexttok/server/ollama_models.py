@@ -12,13 +12,12 @@ from __future__ import annotations
 import asyncio
 import datetime
 import hashlib
-import json
 import re
 from importlib import metadata
 from pathlib import Path
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from nexttok.checkpoints.weights import weight_bytes
 from nexttok.errors import InvalidParameter
@@ -35,14 +34,15 @@ from nexttok.server.ollama_schemas import (
     OllamaShowRequest,
 )
 from nexttok.server.pool import keep_alive_seconds
+from nexttok.server.routing import NDJSON, streams
 from nexttok.server.scoring import FIM_TOKENS
+from nexttok.server.streaming import NDJSON_LINES, stream_response
 
 router = APIRouter()
 NOT_AVAILABLE = {501: {"description": "not available: models come from the Hugging Face hub here (/api/pull), "
                                       "not from Modelfiles or uploaded blobs"}}
 MANAGEMENT = [("POST", "/api/push"), ("POST", "/api/create"), ("POST", "/api/blobs/{digest}"),
               ("HEAD", "/api/blobs/{digest}")]
-NDJSON = "application/x-ndjson"
 PROGRESS_EVERY = 0.1  # seconds between two progress lines of one download
 QUANTIZED = {Int4Linear: "INT4", Int8Linear: "INT8", Q8Embedding: "Q8_0"}
 FOREVER = datetime.timedelta(microseconds=(2**63 - 1) // 1000)  # Ollama's expiry of a model kept loaded
@@ -108,9 +108,12 @@ async def running(request: Request):
     return {"models": models}
 
 
-PULL_ANSWERS = {200: {"description": "progress; stream false: {\"status\": \"success\"} once the model is stored"},
-                404: {"description": "the hub has no such repo, or no GGUF file for the tag", "model": OllamaError},
-                502: {"description": "the hub could not be reached, or the download failed", "model": OllamaError}}
+PULL_ANSWERS = streams(
+    NDJSON, "one JSON object a line: pulling manifest, pulling <digest> (total, completed), verifying sha256 "
+            "digest, writing manifest, success; or error, last",
+    {200: {"description": "progress; stream false: {\"status\": \"success\"} once the model is stored"},
+     404: {"description": "the hub has no such repo, or no GGUF file for the tag", "model": OllamaError},
+     502: {"description": "the hub could not be reached, or the download failed", "model": OllamaError}})
 
 
 @router.post("/api/pull", responses=PULL_ANSWERS)
@@ -131,8 +134,8 @@ async def pull(body: OllamaPullRequest, request: Request):
         raise InvalidParameter("model", f"{name!r} names no hub repository: pull hf.co/ORG/REPO[:QUANT] or "
                                "ORG/REPO[:QUANT]")
     events = _pull_events(name)
-    if body.stream:
-        return StreamingResponse(_ndjson(events), media_type=NDJSON)
+    if body.stream:  # its errors are events already, each with its status (not the stream's)
+        return stream_response(NDJSON_LINES, _without_status(events), [], lambda e: {"error": str(e)}, errors=())
     last = {}
     async for last in events:
         if "error" in last:  # 404: nothing on the hub by that name; 502: the hub or the download failed
@@ -205,10 +208,10 @@ async def _pull_events(name: str):
     await worker
 
 
-async def _ndjson(events):
+async def _without_status(events):
     async for event in events:
         event.pop("http_status", None)  # an error's: the stream's status is 200 already
-        yield (json.dumps(event) + "\n").encode()
+        yield event
 
 
 @router.post("/api/show")

@@ -16,18 +16,14 @@ from __future__ import annotations
 import datetime
 import json
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from nexttok.generation.loop import Step
 from nexttok.generation.tools import ReplyStream, read_reply
-from nexttok.server.responses import token_logprobs
-from nexttok.server.scheduler import GenerationFailed, RequestTimeout, ShuttingDown
-from nexttok.server.streaming import Run, chained, close, first_step, steps_of
-
-NDJSON = "application/x-ndjson"
+from nexttok.server.openai_shapes import token_logprobs
+from nexttok.server.streaming import NDJSON_LINES, Run, close, first_step, stepped, steps_of, stream_response
 
 
 def created_at() -> str:
@@ -58,6 +54,20 @@ class OllamaWire:
     arrived: float = field(default_factory=time.perf_counter)
     first_at: float | None = None  # when the first step (the prefill's) reached the request
     reading: ReplyStream = field(default_factory=ReplyStream)  # the reply to tools, read so far
+    streamed: list[Step] = field(default_factory=list)  # the steps a stream has had
+
+    # the stream's events, through streaming.stepped: an object per step with text (or a whole tool
+    # call), then the final one
+    def opening(self) -> list[dict]:
+        return []
+
+    def step(self, step: Step) -> list[dict]:
+        self.streamed.append(step)
+        chunk = self.step_chunk(step)
+        return [] if chunk is None else [chunk]
+
+    def closing(self) -> list[dict]:
+        return [self.final(self.streamed)]
 
     def envelope(self, done: bool) -> dict:
         return {"model": self.model, "created_at": created_at(), "done": done}
@@ -115,7 +125,6 @@ class OllamaWire:
         return {**self.final(steps, content, calls), **self.logprobs(steps)}
 
 
-
 def _ollama_call(index: int, call: dict) -> dict:
     """An OpenAI-shaped call (arguments as JSON text) as Ollama's: arguments as an object."""
     function = call["function"]
@@ -134,28 +143,5 @@ async def answer(run: Run, wire: OllamaWire, *, stream: bool) -> JSONResponse | 
         except BaseException:
             await close([run])
             raise
-    return StreamingResponse(_lines(run, first, wire), media_type=NDJSON,
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-
-async def _lines(run: Run, first: Step, wire: OllamaWire) -> AsyncIterator[bytes]:
-    """The stream: an object per step with text (or a whole tool call), then the final one; an
-    error mid-stream is an {"error": ...} line (what Ollama's client raises as ResponseError), and
-    the stream ends."""
-    steps: list[Step] = []
-    try:
-        async for step in chained([first], run.steps):
-            steps.append(step)
-            chunk = wire.step_chunk(step)
-            if chunk is not None:
-                yield line(chunk)
-        yield line(wire.final(steps))
-    except (ValueError, RequestTimeout, ShuttingDown, GenerationFailed) as e:
-        yield line({"error": str(e)})
-    finally:
-        await close([run])
-
-
-def line(payload: dict) -> bytes:
-    """line({"done": True}) -> b'{"done": true}\\n'."""
-    return (json.dumps(payload, ensure_ascii=False) + "\n").encode()
+    # an error mid-stream is an {"error": ...} line (what Ollama's client raises as ResponseError)
+    return stream_response(NDJSON_LINES, stepped(wire, first, run.steps), [run], lambda e: {"error": str(e)})

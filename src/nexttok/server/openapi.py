@@ -1,16 +1,15 @@
 """The OpenAPI spec of the responses this server really gives: each API's own error shape (OpenAI's,
-Anthropic's and Ollama's on their routes; never FastAPI's 422), and the stream of each streaming
-route (server-sent events; Ollama's: NDJSON)."""
+Anthropic's and Ollama's on their routes; never FastAPI's 422) and, with an API key, the key
+every route needs but the open ones. Each streaming route declares its stream itself (server-sent
+events; Ollama's: NDJSON), as its 200 response's content (routing.streams)."""
 
 from __future__ import annotations
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from nexttok.server import anthropic, ollama
 from nexttok.server.auth import needs_key
 from nexttok.server.errors import OPENAI_ERRORS, ErrorShape, error_shape
-from nexttok.server.ollama_wire import NDJSON
 
 ERROR_RESPONSES = {
     "400": "a parameter is invalid (the error names it), or the body is empty, not valid JSON or "
@@ -23,16 +22,10 @@ ERROR_RESPONSES = {
     "503": "the server is shutting down",
     "504": "the request ran past the server's request timeout",
 }
-EVENTS = "text/event-stream"
-CHUNKS = "data: {chunk} lines, then data: [DONE]"
-# path -> (media type, what the stream holds)
-STREAMING_PATHS = {"/v1/completions": (EVENTS, CHUNKS), "/v1/chat/completions": (EVENTS, CHUNKS),
-                   **{path: (EVENTS, text) for path, text in anthropic.STREAMING_PATHS.items()},
-                   **{path: (NDJSON, text) for path, text in ollama.STREAMING_PATHS.items()}}
 
 
 def openapi_spec(app: FastAPI, with_auth: bool) -> dict:
-    """FastAPI's spec with the error responses and event streams put right (built once per app)."""
+    """FastAPI's spec with the error responses and the API key put right (built once per app)."""
     if app.openapi_schema:
         return app.openapi_schema
     schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
@@ -43,21 +36,25 @@ def openapi_spec(app: FastAPI, with_auth: bool) -> dict:
         components[shape.schema.__name__] = error_schema
     for path, operations in schema.get("paths", {}).items():
         for operation in operations.values():
-            _fix_responses(path, operation.setdefault("responses", {}), with_auth, error_shape(app, path))
+            keyed = with_auth and needs_key(app, path)
+            _fix_responses(operation.setdefault("responses", {}), keyed, error_shape(app, path))
+    if with_auth:  # the key, as OpenAI's clients send it (Anthropic's x-api-key is taken too)
+        schema["components"]["securitySchemes"] = {"apiKey": {"type": "http", "scheme": "bearer"}}
+        schema["security"] = [{"apiKey": []}]
     components.pop("HTTPValidationError", None)
     components.pop("ValidationError", None)
     app.openapi_schema = schema
     return schema
 
 
-def _fix_responses(path: str, responses: dict, with_auth: bool, shape: ErrorShape) -> None:
+def _fix_responses(responses: dict, keyed: bool, shape: ErrorShape) -> None:
     """One operation's responses: the errors it can give instead of 422, in its API's shape and
-    statuses (a route's own 5xx too: Ollama's 501s); its stream's media type where it streams."""
+    statuses (a route's own 5xx too: Ollama's 501s); 401 where it needs the key."""
     error_content = {"application/json": {"schema": {"$ref": f"#/components/schemas/{shape.schema.__name__}"}}}
     responses.pop("422", None)
     written: set[str] = set()
     for code, description in ERROR_RESPONSES.items():
-        if code == "401" and (not with_auth or not needs_key(path)):
+        if code == "401" and not keyed:
             continue
         status = str(shape.status(int(code)))
         if status in written:  # two causes one status in this API (Ollama's 503: busy or shutting down)
@@ -67,6 +64,3 @@ def _fix_responses(path: str, responses: dict, with_auth: bool, shape: ErrorShap
     for code in responses:
         if code.startswith("5") and code not in ERROR_RESPONSES:  # a route's own, declared without a body
             responses[code]["content"] = error_content
-    if path in STREAMING_PATHS:
-        media, text = STREAMING_PATHS[path]
-        responses["200"].setdefault("content", {})[media] = {"schema": {"type": "string", "description": text}}

@@ -21,8 +21,7 @@ from __future__ import annotations
 import collections
 from typing import Annotated, Any, Literal
 
-from fastapi import FastAPI
-from fastapi.responses import StreamingResponse
+from fastapi import APIRouter, Request
 from pydantic import Field, ValidationError
 
 from nexttok.errors import InvalidParameter
@@ -39,8 +38,9 @@ from nexttok.server.responses_items import (
     usage,
 )
 from nexttok.server.responses_stream import ResponseEvents
+from nexttok.server.routing import EVENTS, streams
 from nexttok.server.schemas import MAX_TOP_LOGPROBS, ChatRequest, Strict, bounded
-from nexttok.server.streaming import Run, close, first_step, steps_of, typed_event, typed_events
+from nexttok.server.streaming import TYPED_EVENTS, Run, close, first_step, stepped, steps_of, stream_response
 
 STORED_RESPONSES = 256
 # the chat request's fields that come from differently named fields here
@@ -86,22 +86,32 @@ class ResponsesRequest(Strict):
     context_management: Any = None
 
 
-def install_responses_routes(app: FastAPI) -> None:
-    store: collections.OrderedDict[str, tuple[dict, list[dict]]] = collections.OrderedDict()
+router = APIRouter()
+EVENT_STREAM = streams(EVENTS, "event: {type} and data: {event} lines, each event with its sequence_number, "
+                               "ending with response.completed or response.incomplete")
 
-    @app.post("/v1/responses")
-    async def create_response(body: ResponsesRequest):
-        return await _create(await app.state.pool.get(body.model), body, store)
 
-    @app.get("/v1/responses/{response_id}")
-    async def retrieve_response(response_id: str):
-        return _stored(store, response_id, "response_id")[0]
+def response_store() -> collections.OrderedDict[str, tuple[dict, list[dict]]]:
+    """An app's kept responses (app.state.responses): response id -> (response, its conversation)."""
+    return collections.OrderedDict()
 
-    @app.delete("/v1/responses/{response_id}")
-    async def delete_response(response_id: str):
-        _stored(store, response_id, "response_id")
-        del store[response_id]
-        return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+@router.post("/v1/responses", responses=EVENT_STREAM)
+async def create_response(body: ResponsesRequest, request: Request):
+    return await _create(await request.app.state.pool.get(body.model), body, request.app.state.responses)
+
+
+@router.get("/v1/responses/{response_id}")
+async def retrieve_response(response_id: str, request: Request):
+    return _stored(request.app.state.responses, response_id, "response_id")[0]
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete_response(response_id: str, request: Request):
+    store = request.app.state.responses
+    _stored(store, response_id, "response_id")
+    del store[response_id]
+    return {"id": response_id, "object": "response.deleted", "deleted": True}
 
 
 def _stored(store, response_id: str, param: str) -> tuple[dict, list[dict]]:
@@ -135,8 +145,10 @@ async def _create(served: ServedModel, body: ResponsesRequest, store):
 
     if body.stream:
         first = await first_step([run])
-        return StreamingResponse(_events(builder, run, first, keep), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        events = ResponseEvents(builder, len(ids))
+        # any error mid-stream is an error event, and the stream ends cleanly
+        return stream_response(TYPED_EVENTS, _kept(events, first, run, keep), [run], lambda e: events.error(str(e)),
+                               errors=(Exception,))
     try:
         steps = await steps_of(run)
     finally:
@@ -174,13 +186,8 @@ def _echoed(body: ResponsesRequest) -> dict:
             "top_logprobs": body.top_logprobs or 0, "user": body.user, "max_tool_calls": body.max_tool_calls}
 
 
-async def _events(builder: ResponseBuilder, run: Run, first, keep):
-    events = ResponseEvents(builder, len(run.ids))
-    try:
-        async for chunk in typed_events(events, first, run.steps):
-            yield chunk
-        keep(events.final)
-    except Exception as e:  # an error mid-stream is an error event, and the stream ends cleanly
-        yield typed_event(events.error(str(e)))
-    finally:
-        await close([run])
+async def _kept(events: ResponseEvents, first, run: Run, keep):
+    """The response's events; once the last is sent, the response is kept."""
+    async for payload in stepped(events, first, run.steps):
+        yield payload
+    keep(events.final)

@@ -15,7 +15,7 @@ from nexttok.errors import InvalidParameter
 from nexttok.generation.grammar import check_schema_depth
 from nexttok.generation.loop import Step
 from nexttok.generation.tools import read_reply
-from nexttok.server.responses import token_logprobs
+from nexttok.server.openai_shapes import token_logprobs
 
 TEXT_PARTS = ("input_text", "output_text", "text")
 MESSAGE_ROLES = ("user", "system", "developer", "assistant")

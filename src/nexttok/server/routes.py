@@ -1,74 +1,77 @@
-"""The routes around generation: GET /health, GET /metrics, GET /v1/models, GET /v1/models/{model},
-POST /tokenize, POST /detokenize and GET /tokenizer_info."""
+"""The routes around generation: the server's own (GET /health, open to all, and GET /metrics) and
+OpenAI's and vLLM's model and token routes (GET /v1/models, GET /v1/models/{model}, POST /tokenize,
+POST /detokenize and GET /tokenizer_info)."""
 
 from __future__ import annotations
 
-from fastapi import FastAPI
+from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 
 from nexttok.errors import InvalidParameter
 from nexttok.server.engine import ServedModel
 from nexttok.server.errors import APIError
-from nexttok.server.responses import model_card, stored_card
+from nexttok.server.openai_shapes import model_card, stored_card
+from nexttok.server.routing import OPEN
 from nexttok.server.schemas import DetokenizeRequest, TokenizeRequest
 
-
-def install_routes(app: FastAPI) -> None:
-    _install_status_routes(app)
-    _install_token_routes(app)
+status_router = APIRouter()  # the server's own: its health and its metrics
+router = APIRouter()  # OpenAI's model routes and vLLM's token routes
 
 
-def _install_status_routes(app: FastAPI) -> None:
-    @app.get("/health")
-    async def health():
-        return {"status": "ok"}
-
-    @app.get("/metrics", response_class=PlainTextResponse)
-    async def metrics():
-        return app.state.metrics.prometheus()
-
-    @app.get("/v1/models")
-    async def list_models():
-        """The loaded models, then the stored ones the server would load on first use."""
-        pool = app.state.pool
-        return {"object": "list", "data": [*(model_card(m) for m in pool.models.values()),
-                                           *(stored_card(m) for m in pool.stored())]}
-
-    # :path, because served names may be hub ids ("org/name"): the client sends the slash as %2F,
-    # which reaches the router decoded
-    @app.get("/v1/models/{model:path}")
-    async def retrieve_model(model: str):
-        pool = app.state.pool
-        served = pool.find(model)
-        if served is not None:
-            return model_card(served)
-        stored = next((m for m in pool.stored() if pool.loadable(model) == m.name), None)
-        if stored is None:
-            raise pool.not_found(model)
-        return stored_card(stored)
+@status_router.get("/health", openapi_extra=OPEN)
+async def health():
+    return {"status": "ok"}
 
 
-def _install_token_routes(app: FastAPI) -> None:
-    @app.get("/tokenizer_info")
-    async def tokenizer_info(model: str | None = None):
-        """vLLM's route: the special tokens and chat template a client needs to tokenize as the
-        server does (with POST /tokenize; lm-eval's remote tokenizer reads both)."""
-        return _tokenizer_info(await app.state.pool.get(model))
+@status_router.get("/metrics", response_class=PlainTextResponse)
+async def metrics(request: Request):
+    return request.app.state.metrics.prometheus()
 
-    @app.post("/tokenize")
-    async def tokenize(body: TokenizeRequest):
-        served = await app.state.pool.get(body.model)
-        ids = _tokenize(served, body)
-        return {"count": len(ids), "max_model_len": served.context_length, "tokens": ids,
-                "token_strs": [p.text for p in served.tokenizer.pieces(ids)]}
 
-    @app.post("/detokenize")
-    async def detokenize(body: DetokenizeRequest):
-        served = await app.state.pool.get(body.model)
-        try:
-            return {"prompt": served.tokenizer.decode(body.tokens)}
-        except ValueError as e:
-            raise InvalidParameter("tokens", str(e)) from None
+@router.get("/v1/models")
+async def list_models(request: Request):
+    """The loaded models, then the stored ones the server would load on first use."""
+    pool = request.app.state.pool
+    return {"object": "list", "data": [*(model_card(m) for m in pool.models.values()),
+                                       *(stored_card(m) for m in pool.stored())]}
+
+
+# :path, because served names may be hub ids ("org/name"): the client sends the slash as %2F,
+# which reaches the router decoded
+@router.get("/v1/models/{model:path}")
+async def retrieve_model(model: str, request: Request):
+    pool = request.app.state.pool
+    served = pool.find(model)
+    if served is not None:
+        return model_card(served)
+    stored = next((m for m in pool.stored() if pool.loadable(model) == m.name), None)
+    if stored is None:
+        raise pool.not_found(model)
+    return stored_card(stored)
+
+
+@router.get("/tokenizer_info")
+async def tokenizer_info(request: Request, model: str | None = None):
+    """vLLM's route: the special tokens and chat template a client needs to tokenize as the
+    server does (with POST /tokenize; lm-eval's remote tokenizer reads both)."""
+    return _tokenizer_info(await request.app.state.pool.get(model))
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, request: Request):
+    served = await request.app.state.pool.get(body.model)
+    ids = _tokenize(served, body)
+    return {"count": len(ids), "max_model_len": served.context_length, "tokens": ids,
+            "token_strs": [p.text for p in served.tokenizer.pieces(ids)]}
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, request: Request):
+    served = await request.app.state.pool.get(body.model)
+    try:
+        return {"prompt": served.tokenizer.decode(body.tokens)}
+    except ValueError as e:
+        raise InvalidParameter("tokens", str(e)) from None
 
 
 def _tokenize(served: ServedModel, body: TokenizeRequest) -> list[int]:

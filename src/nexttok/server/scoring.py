@@ -11,12 +11,18 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi.responses import StreamingResponse
-
 from nexttok.errors import InvalidParameter
 from nexttok.server.engine import ServedModel
-from nexttok.server.responses import CompletionFormat, Usage
-from nexttok.server.streaming import Run, close, event, steps_of
+from nexttok.server.openai_shapes import CompletionFormat, Usage
+from nexttok.server.streaming import (
+    OPENAI_CHUNKS,
+    Run,
+    close,
+    openai_stream_error,
+    steps_of,
+    stream_response,
+    with_usage,
+)
 
 # fill-in-the-middle tokens: (prefix, suffix, middle), as Qwen2.5-Coder / StarCoder name them
 FIM_TOKENS = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"), ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"))
@@ -64,15 +70,14 @@ async def score_prompts(served: ServedModel, body, prompts: list[list[int]], pla
     if not body.stream:
         return fmt.response(choices, usage)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return StreamingResponse(_events(fmt, choices, usage, include_usage), media_type="text/event-stream")
+    return stream_response(OPENAI_CHUNKS, _chunks(fmt, choices, usage, include_usage), [], openai_stream_error)
 
 
-async def _events(fmt: CompletionFormat, choices: list[dict], usage: Usage, include_usage: bool):
+async def _chunks(fmt: CompletionFormat, choices: list[dict], usage: Usage, include_usage: bool):
     for choice in choices:
-        yield event({**fmt.envelope(), "choices": [choice]}, include_usage)
+        yield with_usage({**fmt.envelope(), "choices": [choice]}, include_usage)
     if include_usage:
-        yield event(fmt.usage_chunk(usage), False)
-    yield b"data: [DONE]\n\n"
+        yield fmt.usage_chunk(usage)
 
 
 async def best_choices(runs: list[Run], fmt: CompletionFormat, n: int, best_of: int) -> dict:

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Annotated
 
 import anyio
-from fastapi import FastAPI, Header, Response
+from fastapi import APIRouter, FastAPI, Header, Response
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import Field, create_model
@@ -54,6 +54,7 @@ from nexttok.lesson.session import ExplainSession
 from nexttok.server.engine import ServedModel
 from nexttok.server.errors import APIError
 from nexttok.server.lesson.sections import install_lesson, round5
+from nexttok.server.routing import OPEN
 from nexttok.server.schemas import Strict, bounded
 
 STATIC = Path(__file__).parent / "static"
@@ -174,20 +175,21 @@ def install_explainer(app: FastAPI, served_for: ServedFor) -> None:
     """Add the page and its API; served_for(name) resolves a model as the OpenAI routes do."""
     explainer = Explainer(served_for)
     app.state.explainer = explainer
-    app.mount("/static", ModuleFiles(directory=STATIC), name="static")
+    app.mount("/static", ModuleFiles(directory=STATIC), name="static")  # open, as the page is (routing.is_open)
+    router = APIRouter()
 
-    @app.get("/", include_in_schema=False)
+    @router.get("/", include_in_schema=False, openapi_extra=OPEN)
     async def page():
         return FileResponse(STATIC / "index.html")
 
-    @app.get("/explain/parameters")
+    @router.get("/explain/parameters")
     async def parameters():
         return {"dials": {name: PARAMETERS[name].as_json() for name in DIALS}, "order": list(DEFAULT_ORDER),
                 "stages": [{"name": spec.name, "use": spec.use, "settings": list(spec.settings),
                             "dials": [name for name in spec.settings if name in DIALS], "last": spec.last,
                             "greedy": spec.greedy, "needs": sorted(spec.needs)} for spec in STAGES]}
 
-    @app.post("/explain/sessions")
+    @router.post("/explain/sessions")
     async def start(body: SessionRequest):
         served = explainer.served_for(body.model)
         async with explainer.state(served).lock:
@@ -202,19 +204,20 @@ def install_explainer(app: FastAPI, served_for: ServedFor) -> None:
         return {"session": key, "model": facts, "prompt": _chips(served.tokenizer, session.prompt_ids),
                 "tree": session.tree()}
 
-    @app.delete("/explain/sessions/{key}")
+    @router.delete("/explain/sessions/{key}")
     async def stop(key: str):
         explainer.session(key)
         del explainer.sessions[key]
         return {"deleted": key}
 
-    _install_vocab_route(app, explainer)
-    _install_step_routes(app, explainer)
-    install_lesson(app, explainer)
+    _install_vocab_route(router, explainer)
+    _install_step_routes(router, explainer)
+    install_lesson(router, explainer)
+    app.include_router(router, tags=["Explainer"])
 
 
-def _install_vocab_route(app: FastAPI, explainer: Explainer) -> None:
-    @app.get("/explain/vocab", response_model=VocabResponse,
+def _install_vocab_route(router: APIRouter, explainer: Explainer) -> None:
+    @router.get("/explain/vocab", response_model=VocabResponse,
              responses={304: {"description": "If-None-Match names the current ETag: the copy the client "
                                              "holds is still the model's vocabulary"}})
     async def vocabulary(model: str | None = None,
@@ -232,8 +235,8 @@ def _install_vocab_route(app: FastAPI, explainer: Explainer) -> None:
         return Response(state.vocab.body, media_type="application/json", headers=headers)
 
 
-def _install_step_routes(app: FastAPI, explainer: Explainer) -> None:
-    @app.post("/explain/sessions/{key}/step")
+def _install_step_routes(router: APIRouter, explainer: Explainer) -> None:
+    @router.post("/explain/sessions/{key}/step")
     async def step(key: str, body: StepRequest):
         opened = explainer.session(key)
         session, params = opened.session, body.params()
@@ -251,7 +254,7 @@ def _install_step_routes(app: FastAPI, explainer: Explainer) -> None:
                 "current": session.current,
                 "generated": _chips(opened.served.tokenizer, path), "text": session.text(view["child"])}
 
-    @app.post("/explain/sessions/{key}/redraw")
+    @router.post("/explain/sessions/{key}/redraw")
     async def redraw(key: str, body: RedrawRequest):
         opened = explainer.session(key)
         session, params = opened.session, body.params()
@@ -259,7 +262,7 @@ def _install_step_routes(app: FastAPI, explainer: Explainer) -> None:
             view = await anyio.to_thread.run_sync(lambda: session.redraw(params, body.node, body.top_n))
         return {**view, "step": dataclasses.asdict(view["step"])}
 
-    @app.post("/explain/sessions/{key}/goto")
+    @router.post("/explain/sessions/{key}/goto")
     async def goto(key: str, body: GotoRequest):
         opened = explainer.session(key)
         session = opened.session

@@ -30,7 +30,7 @@ from typing import Annotated
 
 import anyio
 import torch
-from fastapi import FastAPI
+from fastapi import APIRouter
 from pydantic import Field
 
 from nexttok.generation.diff import diff_traces
@@ -127,13 +127,13 @@ def round5(x):
     return x
 
 
-def install_lesson(app: FastAPI, explainer) -> None:
-    """Add the lesson's routes to an app that has the explainer (server/explainer.py)."""
-    _install_session_views(app, explainer)
-    _install_model_views(app, explainer)
-    _install_experiments(app, explainer)
-    _install_speculative(app, explainer)
-    install_traces(app, explainer)
+def install_lesson(router: APIRouter, explainer) -> None:
+    """Add the lesson's routes to the explainer's route table (lesson/routes.py)."""
+    _install_session_views(router, explainer)
+    _install_model_views(router, explainer)
+    _install_experiments(router, explainer)
+    _install_speculative(router, explainer)
+    install_traces(router, explainer)
 
 
 async def _off_loop(explainer, served, compute):
@@ -143,7 +143,7 @@ async def _off_loop(explainer, served, compute):
         return await anyio.to_thread.run_sync(compute)
 
 
-def _install_session_views(app: FastAPI, explainer) -> None:
+def _install_session_views(router: APIRouter, explainer) -> None:
     async def inspected(key: str, node: int | None):
         opened = explainer.session(key)
         session = opened.session
@@ -152,7 +152,7 @@ def _install_session_views(app: FastAPI, explainer) -> None:
             inspection = await anyio.to_thread.run_sync(lambda: session.inspect(node_id))
         return opened, node_id, inspection
 
-    @app.post("/explain/sessions/{key}/lens")
+    @router.post("/explain/sessions/{key}/lens")
     async def lens_view(key: str, body: LensRequest):
         opened, node_id, inspection = await inspected(key, body.node)
         served = opened.served
@@ -160,7 +160,7 @@ def _install_session_views(app: FastAPI, explainer) -> None:
                                                                       body.position, body.top_n))
         return round5({"node": node_id, **view, "tokens": _texts(served.tokenizer, inspection.ids)})
 
-    @app.post("/explain/sessions/{key}/attention")
+    @router.post("/explain/sessions/{key}/attention")
     async def attention_view(key: str, body: AttentionRequest):
         """A recurrent layer attends to nothing: its answer has no weights, and says what it keeps."""
         opened, node_id, inspection = await inspected(key, body.node)
@@ -174,7 +174,7 @@ def _install_session_views(app: FastAPI, explainer) -> None:
                        "heads": inspection.weights.shape[1], "tokens": _texts(opened.served.tokenizer, inspection.ids),
                        "weights": matrix})
 
-    @app.post("/explain/sessions/{key}/attention/detail")
+    @router.post("/explain/sessions/{key}/attention/detail")
     async def attention_detail(key: str, body: DetailRequest):
         opened, node_id, inspection = await inspected(key, body.node)
         detail = await _off_loop(explainer, opened.served,
@@ -182,8 +182,8 @@ def _install_session_views(app: FastAPI, explainer) -> None:
         return round5({"node": node_id, **detail, "tokens": _texts(opened.served.tokenizer, inspection.ids)})
 
 
-def _install_model_views(app: FastAPI, explainer) -> None:
-    @app.post("/explain/tokens")
+def _install_model_views(router: APIRouter, explainer) -> None:
+    @router.post("/explain/tokens")
     async def tokens(body: TokensRequest):
         tokenizer = explainer.served_for(body.model).tokenizer
         pieces = [{"id": p.id, "text": p.text, "bytes": p.bytes.hex(" ")}
@@ -195,7 +195,7 @@ def _install_model_views(app: FastAPI, explainer) -> None:
                 "price_input": body.price_input, "price_output": body.price_output,
                 "output_tokens": body.output_tokens}
 
-    @app.post("/explain/embeddings")
+    @router.post("/explain/embeddings")
     async def embeddings(body: EmbeddingRequest):
         served = explainer.served_for(body.model)
         model, tokenizer = served.model, served.tokenizer
@@ -206,7 +206,7 @@ def _install_model_views(app: FastAPI, explainer) -> None:
                        "neighbors": [{"id": i, "text": lesson.token_text(tokenizer, i), "cosine": c}
                                      for i, c in found]})
 
-    @app.post("/explain/embeddings/map")
+    @router.post("/explain/embeddings/map")
     async def embedding_map(body: MapRequest):
         served = explainer.served_for(body.model)
         def compute():
@@ -215,15 +215,15 @@ def _install_model_views(app: FastAPI, explainer) -> None:
         vectors, coords, share, cosine = await _off_loop(explainer, served, compute)
         return round5({"words": body.words, "points": coords, "explained": share, "cosine": cosine})
 
-    @app.post("/explain/positions")
+    @router.post("/explain/positions")
     async def positions(body: PositionsRequest):
         served = explainer.served_for(body.model)
         return round5(await _off_loop(explainer, served, lambda: lesson.positions(served.model, body.count,
                                                                                  body.distance)))
 
 
-def _install_experiments(app: FastAPI, explainer) -> None:
-    @app.post("/explain/experiments/repeat")
+def _install_experiments(router: APIRouter, explainer) -> None:
+    @router.post("/explain/experiments/repeat")
     async def repeat(body: RepeatRequest):
         """Each run recorded as a trace, and each pair compared as `nexttok diff` compares them."""
         served = explainer.served_for(body.model)
@@ -244,7 +244,7 @@ def _install_experiments(app: FastAPI, explainer) -> None:
         return {"runs": runs, "diffs": {pair: diff_view(d) for pair, d in diffs.items()},
                 "divergence": {pair: None if d.identical else d.divergence.index for pair, d in diffs.items()}}
 
-    @app.post("/explain/experiments/length")
+    @router.post("/explain/experiments/length")
     async def length(body: LengthRequest):
         served = explainer.served_for(body.model)
 
@@ -258,8 +258,8 @@ def _install_experiments(app: FastAPI, explainer) -> None:
                        "runs": [_length_run(c, body) for c in done]})
 
 
-def _install_speculative(app: FastAPI, explainer) -> None:
-    @app.post("/explain/experiments/speculative")
+def _install_speculative(router: APIRouter, explainer) -> None:
+    @router.post("/explain/experiments/speculative")
     async def speculative(body: SpeculativeRequest):
         """Prompt lookup drafts verified by the model (generation/speculative.py), token by token."""
         served = explainer.served_for(body.model)

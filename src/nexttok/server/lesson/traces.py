@@ -17,7 +17,7 @@ import time
 from typing import Annotated
 
 import anyio
-from fastapi import FastAPI
+from fastapi import APIRouter
 from pydantic import Field, StringConstraints
 
 from nexttok.errors import InvalidParameter
@@ -92,8 +92,8 @@ def parsed(lines: list[str], name: str, param: str) -> Trace:
         raise InvalidParameter(param, str(e)) from None
 
 
-def install_traces(app: FastAPI, explainer) -> None:
-    @app.post("/explain/traces/diff")
+def install_traces(router: APIRouter, explainer) -> None:
+    @router.post("/explain/traces/diff")
     async def diff(body: DiffRequest):
         """Two trace files side by side, as `nexttok diff A B` shows them."""
         def compute():  # validating thousands of lines against the schema takes a while
@@ -101,7 +101,7 @@ def install_traces(app: FastAPI, explainer) -> None:
 
         return await anyio.to_thread.run_sync(compute)
 
-    @app.post("/explain/sessions/{key}/trace")
+    @router.post("/explain/sessions/{key}/trace")
     async def session_trace(key: str, body: TraceRequest):
         """The session's path as the trace of one run: its steps with the dials they were sampled
         with (one setting for the whole path) and the session's seed; its max_tokens is the path's

@@ -1,4 +1,6 @@
-"""OpenAI response shapes, built from Step records (nothing here recomputes what a Step holds)."""
+"""OpenAI's response shapes, built from Step records (nothing here recomputes what a Step holds): the
+model cards, usage, token logprobs, and the whole responses and stream chunks of /v1/completions and
+/v1/chat/completions (CompletionFormat, ChatFormat, ToolCallFormat)."""
 
 from __future__ import annotations
 
