@@ -107,7 +107,7 @@ def chunk_cost(model_name: str, repeats: int) -> None:
 
     from nexttok.checkpoints.loading import load_checkpoint
     from nexttok.generation.prefill import prefill_chunks
-    from nexttok.models.cache import SlotCache
+    from nexttok.models.slot_cache import SlotCache
 
     model = load_checkpoint(model_name).model
     cache = SlotCache.for_model(model.config, slots=1, max_len=1025, dtype=next(model.parameters()).dtype)

@@ -14,10 +14,11 @@ import transformers
 
 from nexttok.checkpoints.loading import load_model
 from nexttok.models.attention import AttentionCapture
-from nexttok.models.cache import KVCache, SlotCache
+from nexttok.models.cache import KVCache
 from nexttok.models.compiled import CompileUnavailable, compile_decode
 from nexttok.models.config import ConfigError
 from nexttok.models.registry import from_hf_config, read_config
+from nexttok.models.slot_cache import SlotCache
 from tiny_models import VOCAB, write_tiny
 
 ATOL = 1e-4

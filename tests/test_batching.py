@@ -14,7 +14,7 @@ import pytest
 
 from live_server import LiveServer
 from nexttok.generation.loop import Generation
-from nexttok.models.cache import SlotCache
+from nexttok.models.slot_cache import SlotCache
 from nexttok.server import ServerLimits, create_app, load_served
 
 MODEL = "tiny"

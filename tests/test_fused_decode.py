@@ -114,7 +114,7 @@ def test_a_bad_call_is_one_line_naming_what_is_wrong(default_model):
 def slot_logits(model, prompts: list[list[int]], steps: int, fused: bool, pad_to: int) -> list[torch.Tensor]:
     """The server's way (scheduler.py): each prompt prefilled into a slot of its own, then decode
     steps over every running slot at its own length, padded with scratch rows up to pad_to."""
-    from nexttok.models.cache import SlotCache
+    from nexttok.models.slot_cache import SlotCache
     from nexttok.server.prefix_cache import prefill
 
     plan = model.fused

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from nexttok.generation.prefill import prefill
-from nexttok.models.cache import KVCache, SlotCache, StateRollback
+from nexttok.models.cache import KVCache, StateRollback
 from nexttok.models.compiled import CompileUnavailable, compile_decode
+from nexttok.models.slot_cache import SlotCache
 from nexttok.parallel.layers import check_world
 from tiny_models import VOCAB, write_tiny, write_tiny_tokenizer
 

@@ -26,9 +26,10 @@ from nexttok.checkpoints.loading import load_checkpoint, load_model
 from nexttok.cli import main
 from nexttok.generation.loop import generate
 from nexttok.generation.sampling import SamplingParams
-from nexttok.models.cache import KVCache, SlotCache
+from nexttok.models.cache import KVCache
 from nexttok.models.config import ModelConfig
 from nexttok.models.quant import Int4Linear, Int8Linear, Q8Embedding
+from nexttok.models.slot_cache import SlotCache
 from nexttok.parallel import group as parallel_group
 from nexttok.parallel.layers import check_world, head_split, split
 from nexttok.parallel.model import RankFailed, model_on, start

@@ -14,7 +14,8 @@ import torch
 from live_server import LiveServer
 from nexttok.checkpoints.loading import load_model
 from nexttok.generation.prefill import BLOCK, prefill_chunks
-from nexttok.models.cache import KVCache, SlotCache
+from nexttok.models.cache import KVCache
+from nexttok.models.slot_cache import SlotCache
 from nexttok.server import ServerLimits, create_app, load_served
 from nexttok.server.metrics import Metrics
 from nexttok.server.prefix_cache import PrefixCache, prefill

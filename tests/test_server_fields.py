@@ -272,7 +272,7 @@ def test_the_library_and_the_server_prefill_a_long_prompt_the_same_way():
     so a prompt run in one call instead would differ by tenths of a logit)."""
     from nexttok.checkpoints.loading import load_checkpoint
     from nexttok.generation.loop import Generation, generate_step
-    from nexttok.models.cache import SlotCache
+    from nexttok.models.slot_cache import SlotCache
     from nexttok.server.prefix_cache import prefill
 
     checkpoint = load_checkpoint("default")

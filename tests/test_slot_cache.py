@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from nexttok.checkpoints.loading import load_model
-from nexttok.models.cache import SlotCache
+from nexttok.models.slot_cache import SlotCache
 from tiny_models import write_tiny
 
 

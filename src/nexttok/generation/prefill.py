@@ -17,6 +17,7 @@ rows grow with the chunk, not the prompt).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import torch
 
@@ -35,15 +36,19 @@ def prefill_chunks(start: int, end: int, block: int = BLOCK) -> list[tuple[int, 
 
 
 def prefill(model: Model, cache, ids: list[int], start: int = 0, scores: PromptScores | None = None,
-            block: int = BLOCK) -> torch.Tensor:
+            block: int = BLOCK, after: Callable[[int], None] | None = None) -> torch.Tensor:
     """Run ids[start:] into cache (a KVCache, or one row of a SlotCache, holding ids[:start]
     already) and return the last token's logits (vocab,). scores: every prompt token from start + 1
-    on is scored from its chunk's logits (the whole (chunk, vocab) logits are then computed)."""
+    on is scored from its chunk's logits (the whole (chunk, vocab) logits are then computed).
+    after(end): called after each chunk, with ids[:end] in the cache (the server's prefix cache
+    keeps each block then, while sliding-window layers still hold its keys)."""
     device = next(model.parameters()).device
     logits = None
     for a, b in prefill_chunks(start, len(ids), block):
         logits = model(torch.tensor([ids[a:b]], device=device), cache, last_only=scores is None)[0]
         if scores is not None:
             scores.add(a, logits)
+        if after is not None:
+            after(b)
     assert logits is not None, "nothing to prefill"
     return logits[-1]

@@ -234,7 +234,8 @@ def masks_for(q_pos: torch.Tensor, k_pos: torch.Tensor, windows: set[int | None]
     contiguous: every row's keys are positions 0..S-1 in order (no padding, no holes), so decode
     and a fresh prompt need no mask tensor while the window does not cut anything.
     cache.spans: for one token per row, the keys [start, end) each row sees (a batch of sequences
-    of different lengths, each stored from slot 0): attention goes row by row (Ragged).
+    of different lengths, each stored from slot 0): attention goes row by row (Ragged); a cache
+    keeping a window's keys in buffers of its own gives those rows' spans there (window_spans).
     """
     spans = cache.spans if cache is not None else None
     t = q_pos.shape[1]
@@ -243,7 +244,8 @@ def masks_for(q_pos: torch.Tensor, k_pos: torch.Tensor, windows: set[int | None]
         start = cache.key_start(w) if w is not None and hasattr(cache, "key_start") else 0  # windowed: kept from here
         s = k_pos.shape[1] - start
         if spans is not None and t == 1:
-            masks[w] = Ragged(tuple((max(a, b - w) if w else a, b) for a, b in spans))
+            kept = cache.window_spans(w) if w is not None and hasattr(cache, "window_spans") else None
+            masks[w] = Ragged(kept if kept is not None else tuple((max(a, b - w) if w else a, b) for a, b in spans))
         elif contiguous and (w is None or s <= w) and t in (1, s):
             masks[w] = ALL if t == 1 else CAUSAL
         else:

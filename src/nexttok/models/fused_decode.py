@@ -24,7 +24,8 @@ from torch import nn
 from nexttok.models import kernels, llama
 from nexttok.models.attention import ALL, Ragged
 from nexttok.models.block_quant import BlockLinear
-from nexttok.models.cache import BatchView, KVCache
+from nexttok.models.cache import KVCache
+from nexttok.models.slot_cache import BatchView
 
 
 def _linear(module: nn.Module):
@@ -83,12 +84,25 @@ class FusedDecode:
         h = x.reshape(b, hidden).contiguous()
         for i, (block, op) in enumerate(zip(blocks, self.layers, strict=True)):
             first = starts[self.windows[i]]
-            if op is None or first is None or i in store.windows:
+            kept = None if op is None or first is None else _keys(cache, store, i, ends)
+            if kept is None:
                 h = block(h.view(b, 1, hidden), *extra, masks, cache, None).reshape(b, hidden).contiguous()
                 continue
-            k, v = store.layer(i)
-            h = op.forward(h, cos, sin, k, v, slot, first, ends)
+            k, v, last = kept
+            h = op.forward(h, cos, sin, k, v, slot, first, last)
         return h.view(b, 1, hidden)
+
+
+def _keys(cache, store: KVCache, layer: int, ends: torch.Tensor):
+    """(k, v, each row's index of its new key) of a layer, or None where it runs eagerly (a KVCache's
+    keys kept for a window only). The server's slots keep a window layer's keys in a buffer of their
+    own (slot_cache.py), each row at indices of its own: its Ragged mask's spans are in them too."""
+    if type(cache) is BatchView and layer in cache.owner.windows:
+        window = cache.owner.windows[layer]
+        return (*cache.owner.window_keys[window].layer(layer), cache.window_index(window))
+    if layer in store.windows:
+        return None
+    return (*store.layer(layer), ends)
 
 
 def _rows(cache) -> tuple[KVCache, torch.Tensor, torch.Tensor]:

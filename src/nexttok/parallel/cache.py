@@ -23,7 +23,8 @@ import weakref
 
 import torch
 
-from nexttok.models.cache import KVCache, SlotCache
+from nexttok.models.cache import KVCache
+from nexttok.models.slot_cache import SlotCache
 
 FORWARD = frozenset({"append_positions", "update_and_fetch"})  # what a forward pass calls (not logged)
 
@@ -127,7 +128,8 @@ class Replicas:
     def _new(self, key: int, spec: tuple) -> None:
         kind, n_layers, rows, max_len, head_dim, dtype, windows = spec
         if kind == "slots":
-            self.caches[key] = SlotCache(n_layers, rows, self.n_kv_heads, max_len, head_dim, dtype, self.device)
+            self.caches[key] = SlotCache(n_layers, rows, self.n_kv_heads, max_len, head_dim, dtype, self.device,
+                                         windows=windows)
         else:
             self.caches[key] = KVCache(n_layers, rows, self.n_kv_heads, max_len, head_dim, dtype, self.device,
                                        windows=windows)
@@ -160,4 +162,4 @@ def _spec(cache: SlotCache | KVCache) -> tuple:
     buffers as rank 0's)."""
     store = cache.store if isinstance(cache, SlotCache) else cache
     return ("slots" if isinstance(cache, SlotCache) else "kv", store.n_layers, store.batch, store.max_len,
-            store.head_dim, store.dtype, store.windows)
+            store.head_dim, store.dtype, cache.windows)

@@ -32,9 +32,10 @@ from torch import nn
 from nexttok.checkpoints.loading import Checkpoint, load_checkpoint, load_model
 from nexttok.checkpoints.sources import open_gguf, resolve_checkpoint
 from nexttok.errors import InvalidParameter
-from nexttok.models.cache import KVCache, SlotCache
+from nexttok.models.cache import KVCache
 from nexttok.models.config import ModelConfig
 from nexttok.models.registry import from_hf_config, read_config
+from nexttok.models.slot_cache import SlotCache
 from nexttok.parallel.cache import CacheLog, Mirrored, Replicas
 from nexttok.parallel.group import DEFAULT_TIMEOUT, STOP, RankFailed, RankGroup, join, start
 from nexttok.parallel.layers import check_world, head_split, shard_model

@@ -20,7 +20,9 @@ specific to this engine:
    it never gathers), so a reused prefix is copied into the slot either way. Zero-copy sharing
    through block tables (vLLM) or tree nodes (SGLang) does not apply here. The pool is only a
    source to copy from: no reference counts and no pinning, and evicting a block never takes keys
-   away from a running request.
+   away from a running request. A slot's sliding-window layers keep their last positions only, so
+   a block is kept as soon as its chunk is prefilled (later its window keys are gone), and a reused
+   prefix loads only the last of those (SlotCache.load_starts): the pool holds every layer's keys.
 3. Cost. Matching whole blocks loses at most BLOCK - 1 tokens per hit. They are prefilled along
    with the answer and the new message, which have to be prefilled anyway. The fixed cut has a
    price of its own, paid with the cache on or off: a prompt longer than one block takes more
@@ -46,7 +48,7 @@ from nexttok.generation.prefill import BLOCK
 from nexttok.generation.prefill import prefill as chunked_prefill
 from nexttok.generation.scoring import PromptScores
 from nexttok.models import Model
-from nexttok.models.cache import SlotCache
+from nexttok.models.slot_cache import SlotCache
 from nexttok.server.metrics import Metrics
 
 # Tokens per block: the prefill's chunk (generation/prefill.py says what it costs), so a block
@@ -58,15 +60,14 @@ def prefill(model: Model, cache: SlotCache, slot: int, ids: list[int], prefix: P
             block: int = BLOCK, scores: PromptScores | None = None) -> torch.Tensor:
     """Run a prompt into slot (empty, just claimed) and return its last token's logits (vocab,).
     The prompt's whole blocks are taken from the prefix cache where it has them and given to it
-    afterwards. The result is bit-identical with or without a prefix cache. scores: every prompt
+    as each chunk is prefilled (a sliding-window layer keeps a block's keys only until the window
+    has moved past it). The result is bit-identical with or without a prefix cache. scores: every prompt
     token is scored from its chunk's logits, so nothing is taken from the prefix cache (its blocks
     hold keys and values, not logits); the blocks are still given to it."""
     assert prefix is None or prefix.block == block, "the prefix cache's blocks are the prefill's chunks"
     start = prefix.load(ids, cache, slot) if prefix is not None and scores is None else 0
-    logits = chunked_prefill(model, cache.row(slot), ids, start, scores, block)
-    if prefix is not None:
-        prefix.store(ids, cache, slot)
-    return logits
+    keep = None if prefix is None else lambda end: prefix.store(ids[:end], cache, slot)
+    return chunked_prefill(model, cache.row(slot), ids, start, scores, block, after=keep)
 
 
 @dataclass(eq=False)
@@ -89,7 +90,7 @@ class PrefixCache:
         # for Gemma 4), each (layers, n_kv, capacity, block, hd): a block's rows are contiguous, as in a slot.
         # empty, not zeros: a block is always written before it is read, and untouched pages cost nothing
         self.pools = [tuple(torch.empty((k.shape[0], k.shape[2], self.capacity, block, k.shape[4]), dtype=k.dtype,
-                                        device=k.device) for _ in range(2)) for k, _ in cache.store.groups]
+                                        device=k.device) for _ in range(2)) for k, _ in cache.groups]
         self._blocks: dict[tuple[int, tuple[int, ...]], _Block] = {}
         self._lru: OrderedDict[int, _Block] = OrderedDict()  # by id, least recently used first
         self._free = list(range(self.capacity - 1, -1, -1))
@@ -121,9 +122,13 @@ class PrefixCache:
         chain = self.match(ids)
         reused = len(chain) * self.block
         if chain:
-            index = torch.tensor([b.index for b in chain], device=self.pools[0][0].device)
-            # (layers, n_kv, blocks, block, hd) -> (layers, n_kv, reused, hd): the slot's layout
-            cache.load(slot, [tuple(pool.index_select(2, index).flatten(2, 3) for pool in pair) for pair in self.pools])
+            # (layers, n_kv, blocks, block, hd) -> (layers, n_kv, tokens, hd): the slot's layout; a
+            # window layer's last blocks only (what the slot keeps of them)
+            groups = []
+            for pair, start in zip(self.pools, cache.load_starts(reused), strict=True):
+                index = torch.tensor([b.index for b in chain[start // self.block :]], device=pair[0].device)
+                groups.append(tuple(pool.index_select(2, index).flatten(2, 3) for pool in pair))
+            cache.load(slot, groups, reused)
         metrics = self.metrics
         metrics.inc("prefix_cache_queries_total")
         metrics.inc("prefix_cache_hits_total", int(reused > 0))
@@ -146,6 +151,8 @@ class PrefixCache:
         self._touch(chain)
 
     def _add(self, key: tuple[int, tuple[int, ...]], cache: SlotCache, slot: int, start: int) -> _Block | None:
+        if start < cache.kept_from(slot):  # its window layers' keys are gone: the chain ends before it
+            return None
         if not self._free and not self._evict(protect=key[0]):
             return None
         index = self._free.pop()

@@ -29,8 +29,8 @@ import torch
 
 from nexttok.generation.loop import Generation, Step
 from nexttok.models import Model
-from nexttok.models.cache import SlotCache
 from nexttok.models.quant import rows_independent
+from nexttok.models.slot_cache import SlotCache
 from nexttok.server.metrics import Metrics
 from nexttok.server.prefix_cache import PrefixCache, prefill
 
