@@ -91,6 +91,25 @@ def test_rows_far_past_the_window_give_hfs_logits_and_their_own_bits(pairs, name
 
 
 @torch.inference_mode()
+def test_a_freed_slot_starts_its_window_again(pairs, small_room):
+    """Releasing the last running slot (no move) or another (the last moves in): the freed slot's window
+    buffer starts at position 0 again, so a scratch row there reads its own key only."""
+    _, ours, _ = pairs("mistral")
+    cache = SlotCache.for_model(ours.config, slots=3, max_len=64)
+    for n in (30, 20):
+        prefill(ours, cache, cache.claim(), _ids(n, seed=n), None, block=8)
+    (w,) = cache.window_keys.values()
+    assert w.base[0] > 0 and w.base[1] > 0
+    assert cache.release(1) is None and w.base[1] == 0
+    prefill(ours, cache, cache.claim(), _ids(25, seed=5), None, block=8)
+    assert cache.release(0) == 1 and w.base[1] == 0 and w.base[0] > 0
+    view = cache.running_view(3)
+    ours(torch.tensor([[1], [1], [1]]), view, torch.tensor([[cache.lengths[0]]] * 3), last_only=True)
+    assert view.window_spans(ours.config.sliding_window)[1:] == ((0, 1), (0, 1))
+    view.release_scratch()
+
+
+@torch.inference_mode()
 def test_held_bytes_bounded_on_window_layers(pairs):
     """gemma3 (2 sliding layers of window 5, 1 full), 3 slots of 256 positions, each at 220: the full
     layer holds every position of every slot, each sliding layer window + WINDOW_SLACK + WINDOW_CHUNK

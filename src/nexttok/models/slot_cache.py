@@ -102,6 +102,8 @@ class SlotCache:
             moved = last
         self.store.pos[last] = -1
         self.lengths[last] = 0
+        for w in self.window_keys.values():
+            w.base[last] = 0  # a free slot is a scratch row's, from index 0
         self.running -= 1
         return moved
 

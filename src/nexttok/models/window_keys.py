@@ -165,7 +165,7 @@ class SlotWindows:
         for k, v in self.groups:
             k[:, slot, :, :held] = k[:, other, :, :held]
             v[:, slot, :, :held] = v[:, other, :, :held]
-        self.base[slot], self.base[other] = self.base[other], 0
+        self.base[slot] = self.base[other]
 
     def held_bytes(self) -> int:
         return sum(x.numel() * x.element_size() for pair in self.groups for x in pair)
