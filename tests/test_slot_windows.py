@@ -11,10 +11,11 @@ import asyncio
 import pytest
 import torch
 
-from nexttok.checkpoints.loading import load_checkpoint
+from nexttok.checkpoints.loading import load_checkpoint, load_model
 from nexttok.generation.loop import Generation, generate
 from nexttok.generation.sampling import SamplingParams
 from nexttok.models import window_keys
+from nexttok.models.compiled import CompileUnavailable, compile_decode
 from nexttok.models.slot_cache import SlotCache
 from nexttok.server.metrics import Metrics
 from nexttok.server.prefix_cache import PrefixCache, prefill
@@ -88,6 +89,23 @@ def test_rows_far_past_the_window_give_hfs_logits_and_their_own_bits(pairs, name
             torch.testing.assert_close(alone, logits, atol=ATOL, rtol=0)
         else:
             assert torch.equal(alone, logits)
+
+
+@torch.inference_mode()
+def test_the_compiled_decode_step_reads_the_windows_too(tmp_path, small_room):
+    """Attention stays outside the compiled graph (an opaque op over the real cache): steps over
+    windows that move give HF's logits, compiled for the slots' 3 rows."""
+    hf = write_tiny("mistral", tmp_path)
+    ours = load_model(tmp_path)
+    try:
+        compile_decode(ours)
+    except CompileUnavailable as e:
+        pytest.skip(str(e))
+    prompts = [_ids(n, seed=n) for n in (23, 3, 14)]
+    for p, logits in zip(prompts, _decode(ours, prompts, 30, SlotCache.for_model(ours.config, 3, 64)), strict=True):
+        seq = p + [int(x.argmax()) for x in logits[:-1]]
+        torch.testing.assert_close(logits, hf(torch.tensor([seq])).logits[0, len(p) - 1 :], atol=ATOL, rtol=0)
+    assert ours.compiled.compiled_rows == {3}
 
 
 @torch.inference_mode()
