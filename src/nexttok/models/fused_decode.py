@@ -94,13 +94,10 @@ class FusedDecode:
 
 
 def _keys(cache, store: KVCache, layer: int, ends: torch.Tensor):
-    """(k, v, each row's index of its new key) of a layer, or None where it runs eagerly (a KVCache's
-    keys kept for a window only). The server's slots keep a window layer's keys in a buffer of their
-    own (slot_cache.py), each row at indices of its own: its Ragged mask's spans are in them too."""
-    if type(cache) is BatchView and layer in cache.owner.windows:
-        window = cache.owner.windows[layer]
-        return (*cache.owner.window_keys[window].layer(layer), cache.window_index(window))
-    if layer in store.windows:
+    """(k, v, each row's index of its new key) of a layer, or None where it runs eagerly: keys kept
+    for a window only, by a KVCache or by the server's slots (slot_cache.py keeps those in buffers of
+    their own; no GGUF of a family planned here carries a window, so nothing fused reads them)."""
+    if layer in store.windows or (type(cache) is BatchView and layer in cache.owner.windows):
         return None
     return (*store.layer(layer), ends)
 

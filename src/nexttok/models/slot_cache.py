@@ -242,10 +242,6 @@ class BatchView:
         self.spans = [(0, length) for length in owner.lengths[: self.n]]  # row r's keys: its own
         return owner.store.pos[: self.n, : self.width]
 
-    def window_index(self, window: int) -> torch.Tensor:
-        """Each row's buffer index of its new key in layers of this window (set by append_positions)."""
-        return self._windows[window][0]
-
     def window_spans(self, window: int) -> tuple[tuple[int, int], ...] | None:
         """The buffer indices [a, b) each row reads in layers of this window (None: as spans)."""
         kept = self._windows.get(window)

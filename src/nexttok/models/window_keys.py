@@ -117,12 +117,6 @@ class SlotWindows:
         a = self.read_from(start) - base
         return keys[i, slot : slot + 1, :, a : end - base], values[i, slot : slot + 1, :, a : end - base]
 
-    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """A layer's keys and values, every slot's buffer (slots, n_kv, capacity, hd)."""
-        group, i = self.row[layer]
-        keys, values = self.groups[group]
-        return keys[i], values[i]
-
     def fetch_rows(self, layer: int, rows: torch.Tensor, index: torch.Tensor, width: int, k: torch.Tensor,
                    v: torch.Tensor):
         """One new key per row (k, v (n, n_kv, 1, hd)) stored at buffer index index[r]; every row's
