@@ -1,9 +1,9 @@
 """The fused decode layer (models/fused_decode.py, kernels/csrc/decode.cpp) computes exactly what the
 eager layer computes: the same logits, bit for bit, at every cached step, at batch 1 and 2, on the
-default model's real file and on tiny GGUFs of every family it takes (Llama, Qwen2's biases, Qwen3's
-q/k norms, sliding layers, which run eagerly once their window cuts); HF parity of these models is the GGUF
-tests' (they decode through this path now). What it cannot take runs eagerly, and a bad call is one
-line naming what was wrong."""
+default model's real file, over the server's batch of slots, and on tiny GGUFs of every family it
+takes (Llama, Qwen2's biases, Qwen3's q/k norms, SmolLM3 with its NoPE layers run eagerly between);
+HF parity of these models is the GGUF tests' (they decode through this path now). What it cannot
+take runs eagerly, and a bad call is one line naming what was wrong."""
 
 from __future__ import annotations
 
@@ -59,15 +59,15 @@ def test_a_batch_of_two_rows_gives_each_rows_eager_logits(default_model):
     assert_same_logits(default_model, prompt, steps=6)
 
 
-@pytest.mark.parametrize(("name", "fused_layers"), [("llama_head_dim", 2), ("qwen2", 2), ("qwen3", 2),
-                                                    ("qwen2_sliding", 2), ("smollm3_every4", 3)])
+@pytest.mark.parametrize(("name", "fused_layers"),
+                         [("llama_head_dim", 2), ("qwen2", 2), ("qwen3", 2), ("smollm3_every4", 3)])
 @pytest.mark.parametrize("kind", ["Q8_0", "Q4_0"])
 def test_each_family_it_takes_gives_the_eager_logits(written_gguf, name, fused_layers, kind):
     _, path = written_gguf(name, kind)
     model = load_model(path)
     assert model.fused is not None and sum(op is not None for op in model.fused.layers) == fused_layers
     prompt = torch.randint(0, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(2))
-    assert_same_logits(model, prompt, steps=8)  # a window of 6 that cuts runs eagerly
+    assert_same_logits(model, prompt, steps=8)
     assert_same_logits(model, prompt[:1], steps=8, windowed=True)
 
 
@@ -147,13 +147,3 @@ def test_the_servers_batch_of_slots_decodes_fused_with_the_eager_logits(default_
     for step, (a, b) in enumerate(zip(fused, eager, strict=True)):
         assert torch.equal(a, b), f"step {step}: fused and eager logits differ by {(a - b).abs().max():.3g}"
 
-
-def test_a_window_over_the_servers_slots_is_each_rows_span(written_gguf):
-    """Qwen2's sliding layer over slots: a row's span starts past its window once the window cuts."""
-    _, path = written_gguf("qwen2_sliding", "Q8_0")
-    model = load_model(path)
-    prompts = [list(range(3, 12)), [5, 6, 7]]
-    fused = slot_logits(model, prompts, 8, fused=True, pad_to=2)
-    eager = slot_logits(model, prompts, 8, fused=False, pad_to=2)
-    for step, (a, b) in enumerate(zip(fused, eager, strict=True)):
-        assert torch.equal(a, b), f"step {step}: fused and eager logits differ by {(a - b).abs().max():.3g}"
