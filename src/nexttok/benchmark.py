@@ -44,6 +44,8 @@ METRICS = (  # key, label, higher is better
     ("peak_rss_mb", "peak RSS, MB", False),
     ("compile_s", "decode step compile (first use), s", False),
 )
+# Steps as `nexttok run` makes them without --trace or --json: no logprobs, rank or alternatives
+LEAN = {"top_n": 0, "logprobs": False}
 OURS = ("nexttok", "compiled")  # columns of this engine: as loaded, and with the decode step compiled
 
 
@@ -101,7 +103,7 @@ def bench_nexttok(cfg: BenchConfig) -> dict:
     def decode_run(prompt, n, use_cache=True, params=greedy):
         start = time.perf_counter()
         steps = generate(model, tokenizer, prompt, params, max_tokens=n, stop_token_ids=[], use_cache=use_cache,
-                         top_n=0).steps
+                         **LEAN).steps
         first = start + steps[0].elapsed
         return (len(steps) - 1) / (time.perf_counter() - first), steps[0].elapsed
 
@@ -111,7 +113,7 @@ def bench_nexttok(cfg: BenchConfig) -> dict:
     decode = [decode_run(short, cfg.new_tokens)[0] for _ in range(cfg.repeat)]
     sampled = [decode_run(short, cfg.new_tokens, params=SamplingParams(**LLAMA_CPP_SAMPLING, seed=k))[0]
                for k in range(cfg.repeat)]
-    ttft = [generate(model, tokenizer, long, greedy, max_tokens=1, stop_token_ids=[]).steps[0].elapsed
+    ttft = [generate(model, tokenizer, long, greedy, max_tokens=1, stop_token_ids=[], **LEAN).steps[0].elapsed
             for _ in range(cfg.repeat)]
     prefill = [cfg.prompt_tokens / _timed(lambda: prefill_prompt(model, long)) for _ in range(cfg.repeat)]
     nocache = [decode_run(long, cfg.nocache_tokens, use_cache=False)[0] for _ in range(max(1, cfg.repeat - 1))]
@@ -158,7 +160,7 @@ def speculative_decode(model, tokenizer, cfg: BenchConfig, decode_run) -> dict:
         counts = Rounds()
         start = time.perf_counter()
         steps = list(speculative_stream(model, tokenizer, ids, SamplingParams(temperature=0), NgramDrafter(),
-                                        rounds=counts, max_tokens=cfg.new_tokens, stop_token_ids=[], top_n=0))
+                                        rounds=counts, max_tokens=cfg.new_tokens, stop_token_ids=[], **LEAN))
         first = start + steps[0].elapsed
         drafted.append((len(steps) - 1) / (time.perf_counter() - first))
         rounds.append(counts)

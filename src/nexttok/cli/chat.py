@@ -249,7 +249,8 @@ class ChatSession:
             steps, trace = self.server.answer(ids, self.max_tokens, self.sampling), None
         else:
             steps = stream(self.model, self.tokenizer, ids, params, max_tokens=self.max_tokens,
-                           stop_token_ids=self.stop_ids, top_n=traces.TOP_N)
+                           stop_token_ids=self.stop_ids, top_n=traces.TOP_N if self.trace else 0,
+                           logprobs=bool(self.trace))  # scores only for a trace: nothing else shows them
             trace = self._trace(ids, params)
         parts, finish = [], None
         try:

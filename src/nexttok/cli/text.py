@@ -146,14 +146,14 @@ def _run_here(name: str, prompt: str, args: argparse.Namespace, params, stops, s
                   f"accepted ({100 * rounds.acceptance:.0f}%); {rounds.tokens_per_forward:.2f} tokens per "
                   f"forward pass of the model[/]")
         if decode > 0:
-            err.print(f"[dim]{_speed_up(checkpoint, ids, generated, params, (count - 1) / decode)}[/]")
+            err.print(f"[dim]{_speed_up(checkpoint, args, ids, generated, params, (count - 1) / decode)}[/]")
     return 0
 
 
 PLAIN_STEPS = 8  # plain decode steps timed for --speculative's speed-up
 
 
-def _speed_up(checkpoint, ids: list[int], generated: list[int], params, rate: float) -> str:
+def _speed_up(checkpoint, args, ids: list[int], generated: list[int], params, rate: float) -> str:
     """The speculative run's decode rate against plain decoding's, measured now: PLAIN_STEPS
     single-token steps (same sampler, same model) from the run's midpoint, where its context
     stood on average."""
@@ -164,8 +164,7 @@ def _speed_up(checkpoint, ids: list[int], generated: list[int], params, rate: fl
     n = min(PLAIN_STEPS, context_window(model.config) - len(context) - 1)
     if n < 1:
         return "speed-up: not measured (no room in the context window for plain steps)"
-    steps = generate(model, tokenizer, context, params, max_tokens=n + 1, stop_token_ids=[],
-                     top_n=traces.TOP_N).steps
+    steps = generate(model, tokenizer, context, params, max_tokens=n + 1, stop_token_ids=[], **_scores(args)).steps
     plain = sum(s.elapsed for s in steps[1:])
     if len(steps) < 2 or plain <= 0:
         return "speed-up: not measured (plain decoding stopped at once)"
@@ -219,10 +218,17 @@ def _drafter(args: argparse.Namespace, checkpoint):
     return ModelDrafter(draft.model, args.speculative)
 
 
+def _scores(args: argparse.Namespace) -> dict:
+    """What each Step computes beyond its token and text: the logprob, rank and top alternatives
+    only where something shows them (--trace, --json); a plain run is the sampler chain alone."""
+    wanted = bool(args.trace or args.json)
+    return {"top_n": traces.TOP_N if wanted else 0, "logprobs": wanted}
+
+
 def _steps(args, checkpoint, ids, params, stops, constraint, drafter, rounds):
     from nexttok.generation.loop import stream
 
-    options = dict(max_tokens=args.max_tokens, stop=stops, constraint=constraint, top_n=traces.TOP_N)
+    options = dict(max_tokens=args.max_tokens, stop=stops, constraint=constraint, **_scores(args))
     if drafter is None:
         return stream(checkpoint.model, checkpoint.tokenizer, ids, params, use_cache=not args.no_cache, **options)
     from nexttok.generation.speculative import speculative_stream

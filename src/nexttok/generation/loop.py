@@ -2,7 +2,8 @@
 
 generate_step  prefill the prompt, then one token per step through the KV cache, yielding the Step
                that Generation.sample makes of each: text delta, logprobs, alternatives, timing,
-               finish_reason
+               finish_reason (the logprob, rank and alternatives only when asked for: logprobs,
+               top_n; a greedy run without them is an argmax and the token's text)
 stream         the same from a prompt (text or ids) and sampling settings
 generate       the whole completion as a string, with usage
 
@@ -42,8 +43,8 @@ class Step:
     token_id: int
     text: str  # text this step releases ('' while a character or a possible stop string is pending)
     token_text: str  # the token's own text, for display (partial UTF-8 bytes as \xNN)
-    logprob: float  # log-probability under the model's raw distribution
-    rank: int  # 1 = the model's most likely token
+    logprob: float | None  # log-probability under the model's raw distribution (None: not asked for)
+    rank: int | None  # 1 = the model's most likely token (None: not asked for)
     top: list[Alternative]  # the model's top alternatives (raw logprobs)
     top_filtered: list[Alternative]  # after the sampler chain (filters, penalties, temperature)
     draw: float | None  # the uniform number of the draw; None when greedy
@@ -83,10 +84,11 @@ class Generation:
                  max_tokens: int | None = 256, stop: str | Sequence[str] | None = None,
                  stop_token_ids: Sequence[int] | None = None, top_n: int = 5, record_stages: bool = False,
                  device="cpu", context_limit: int | None = None, constraint=None,
-                 prompt_top_n: int | None = None):
+                 prompt_top_n: int | None = None, logprobs: bool = True):
         stops = _check_generation_args(max_tokens, stop)
         check_token_ids(params.logit_bias, config.vocab_size)  # now, not at the first token
         self.tokenizer, self.prompt_ids, self.top_n, self.record_stages = tokenizer, prompt_ids, top_n, record_stages
+        self.logprobs = logprobs  # each Step's logprob and rank (False with top_n 0: no log-softmax at all)
         self.params, self.vocab_size, self.device = params, config.vocab_size, device
         # The chain's tensors are made on the first sample(), in the thread that runs the model:
         # PyTorch work in a second thread (say, a server's event loop) slows the model's thread down.
@@ -138,7 +140,8 @@ class Generation:
         self.finish_reason = finish
         step = build_step(self.tokenizer, token, logits, chosen.logits, chosen.draw, index=len(self.tokens) - 1,
                           elapsed=elapsed + chosen.seconds + time.perf_counter() - start, prefill=prefill,
-                          stages=chosen.stages, text=text, finish_reason=finish, top_n=self.top_n)
+                          stages=chosen.stages, text=text, finish_reason=finish, top_n=self.top_n,
+                          logprobs=self.logprobs)
         step.draft = draft
         return step
 
@@ -283,29 +286,35 @@ def stream(model: Model, tokenizer: Tokenizer, prompt: str | Sequence[int],
            params: SamplingParams | None = None, *, max_tokens: int | None = 256,
            stop: str | Sequence[str] | None = None, stop_token_ids: Sequence[int] | None = None,
            use_cache: bool = True, top_n: int = 5, record_stages: bool = False,
-           constraint=None) -> Iterator[Step]:
+           constraint=None, logprobs: bool = True) -> Iterator[Step]:
     """Generate, yielding a Step per token; the last one carries finish_reason. constraint: a
-    grammar.Constraint for this generation (its own: it advances with every token)."""
+    grammar.Constraint for this generation (its own: it advances with every token). top_n: the
+    model's top alternatives each Step keeps; logprobs: the token's own logprob and rank (with
+    top_n 0 and logprobs False a Step holds neither, and none is computed)."""
     _check_generation_args(max_tokens, stop, least=1)  # a stream yields at least one Step
     ids = prompt_ids_for(model, tokenizer, prompt)
     generation = Generation(model.config, tokenizer, ids, params or SamplingParams(), max_tokens=max_tokens,
                             stop=stop, stop_token_ids=stop_token_ids, top_n=top_n, record_stages=record_stages,
-                            device=next(model.parameters()).device, constraint=constraint)
+                            device=next(model.parameters()).device, constraint=constraint, logprobs=logprobs)
     yield from generate_step(model, generation, use_cache=use_cache)
 
 
 def build_step(tokenizer: Tokenizer, token_id: int, logits: torch.Tensor, final: torch.Tensor, draw: float | None,
                *, index: int, elapsed: float, prefill: bool, stages: list[StageRecord] | None = None,
-               text: str = "", finish_reason: str | None = None, top_n: int = 5) -> Step:
+               text: str = "", finish_reason: str | None = None, top_n: int = 5, logprobs: bool = True) -> Step:
     """The Step record of a token: from the model's raw logits (vocab,) and the sampler chain's
-    final logits (vocab,), the draw u (None when greedy), timing and the chain's stage records."""
-    logprobs = torch.log_softmax(logits.float(), -1)
-    chosen = float(logprobs[token_id])
-    rank = int((logprobs > chosen).sum()) + 1
+    final logits (vocab,), the draw u (None when greedy), timing and the chain's stage records.
+    Only what is asked for is computed: the token's logprob and rank (logprobs, or top_n), the
+    top_n alternatives before and after the chain; neither: no log-softmax over the vocabulary."""
+    chosen = rank = None
     top, top_filtered = [], []
-    if top_n:  # the filtered distribution only for its top_n
-        top, top_filtered = top_alternatives(tokenizer, torch.stack([logprobs, torch.log_softmax(final.float(), -1)]),
-                                             top_n)
+    if logprobs or top_n:
+        raw = torch.log_softmax(logits.float(), -1)
+        chosen = float(raw[token_id])
+        rank = int((raw > chosen).sum()) + 1
+        if top_n:  # the filtered distribution only for its top_n
+            top, top_filtered = top_alternatives(tokenizer, torch.stack([raw, torch.log_softmax(final.float(), -1)]),
+                                                 top_n)
     return Step(index=index, token_id=token_id, text=text, token_text=tokenizer.pieces([token_id])[0].text,
                 logprob=chosen, rank=rank, top=top, top_filtered=top_filtered, draw=draw, elapsed=elapsed,
                 prefill=prefill, finish_reason=finish_reason, stages=stages)

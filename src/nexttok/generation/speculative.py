@@ -138,7 +138,7 @@ def speculative_stream(model: Model, tokenizer: Tokenizer, prompt: str | Sequenc
                        drafter, *, k: int = DRAFT_TOKENS, rounds: Rounds | None = None,
                        **options) -> Iterator[Step]:
     """generate's steps, produced k + 1 at a time at the most (see above); options as stream's
-    (max_tokens, stop, stop_token_ids, top_n). rounds, when given, is filled in as it goes."""
+    (max_tokens, stop, stop_token_ids, top_n, logprobs). rounds, when given, is filled in as it goes."""
     DRAFT_TOKENS_BOUND.check("draft_tokens", k)
     check_rollback(model.config)
     rounds = rounds if rounds is not None else Rounds()

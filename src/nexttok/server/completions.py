@@ -38,14 +38,18 @@ class GenerationPlan:
     schema: dict | None = None  # the JSON schema the output follows (response_format, tools): a grammar stage
     prompt_top_n: int | None = None  # score the prompt's tokens too, with this many alternatives (echo)
     context_limit: int | None = None  # a request's own, smaller context window (Ollama's num_ctx)
+    logprobs: bool = False  # each token's logprob and rank: asked for, best_of's ranking or a trace needs them
+
 
     @classmethod
-    def of(cls, body: SamplingFields, max_tokens: int | None, top_n: int) -> GenerationPlan:
+    def of(cls, body: SamplingFields, max_tokens: int | None, top_n: int, logprobs: bool = False) -> GenerationPlan:
         """Ranges, counts and the form of logit_bias keys were checked by the request schema; what
-        needs the model, by Generation. A field the body leaves out takes SamplingParams' default."""
+        needs the model, by Generation. A field the body leaves out takes SamplingParams' default.
+        Each token's logprob is computed where logprobs (or top_n) asks for it or a trace records it."""
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+        traced = bool(body.nexttok and body.nexttok.trace)
         return cls(SamplingParams(**stage_settings(body), seed=body.seed), max_tokens, stop, top_n,
-                   _output_schema(body.response_format))
+                   _output_schema(body.response_format), logprobs=logprobs or top_n > 0 or traced)
 
     def params_for_choice(self, index: int) -> SamplingParams:
         """Choice i of a seeded request uses seed + i: distinct choices, each reproducible."""
@@ -58,7 +62,7 @@ class GenerationPlan:
         return Generation(served.model.config, served.tokenizer, ids, self.params_for_choice(index),
                           max_tokens=self.max_tokens, stop=self.stop, top_n=self.top_n,
                           context_limit=self.context(served), constraint=self.constraint(served),
-                          prompt_top_n=self.prompt_top_n)
+                          prompt_top_n=self.prompt_top_n, logprobs=self.logprobs)
 
     def context(self, served: ServedModel) -> int:
         """Positions prompt + completion may take: the server's window for the model, or the
@@ -105,7 +109,9 @@ async def _complete(served: ServedModel, body: CompletionRequest):
     its own scores) before each; max_tokens 0 scores the prompts without generating."""
     prompts = _completion_prompts(served, body.prompt, body.suffix)
     max_tokens = body.max_tokens if body.max_tokens is not None else DEFAULT_COMPLETION_TOKENS
-    plan = replace(GenerationPlan.of(body, max_tokens, top_n=body.logprobs or 0), prompt_top_n=_prompt_top_n(body))
+    ranked = body.logprobs is not None or _best_of(body) > body.n  # best_of ranks by mean logprob
+    plan = replace(GenerationPlan.of(body, max_tokens, top_n=body.logprobs or 0, logprobs=ranked),
+                   prompt_top_n=_prompt_top_n(body))
     fmt = CompletionFormat(served.name, served.tokenizer, logprobs=body.logprobs is not None,
                            top_logprobs=body.logprobs or 0, echo=body.echo, prompt_logprobs=body.prompt_logprobs)
     if max_tokens == 0:
@@ -147,7 +153,8 @@ def chat_plan(served: ServedModel, body: ChatRequest, max_calls: int | None = No
     ids, body, tools, choice = chat_prompt(served, body)
     ids = _prompt_ids(served, ids)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    plan = GenerationPlan.of(body, max_tokens, top_n=(body.top_logprobs or 0) if body.logprobs else 0)
+    plan = GenerationPlan.of(body, max_tokens, top_n=(body.top_logprobs or 0) if body.logprobs else 0,
+                             logprobs=bool(body.logprobs))
     if tools:
         # one call per reply unless the request asks for more (llama.cpp's default too)
         plan = replace(plan, schema=reply_schema(tools, choice, body.parallel_tool_calls is True, max_calls))

@@ -190,7 +190,8 @@ def _generate_ids(served: ServedModel, body: OllamaGenerateRequest) -> tuple[lis
 
 
 def _plan(body: OllamaChatRequest | OllamaGenerateRequest, schema: dict | None) -> GenerationPlan:
-    return plan_of(body.options, top_n=_top_logprobs(body) or 0, schema=schema)
+    top = _top_logprobs(body)
+    return plan_of(body.options, top_n=top or 0, logprobs=top is not None, schema=schema)
 
 
 def _top_logprobs(body: OllamaChatRequest | OllamaGenerateRequest) -> int | None:

@@ -19,11 +19,13 @@ SAMPLING = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "m
 UNAVAILABLE = {"tfs_z": (1.0, "tail-free sampling (removed from llama.cpp too)")}
 
 
-def plan_of(options: OllamaOptions | None, *, top_n: int = 0, schema: dict | None = None) -> GenerationPlan:
+def plan_of(options: OllamaOptions | None, *, top_n: int = 0, logprobs: bool = False,
+            schema: dict | None = None) -> GenerationPlan:
     """The plan of a request's options: plan_of(OllamaOptions(num_predict=5, temperature=0)) runs
     greedy for at most 5 tokens; num_ctx bounds prompt + output (the plan's context_limit, capped
-    by the server's window). top_n: alternatives recorded per token (top_logprobs); schema:
-    the JSON schema the output follows (format, or the tools' reply)."""
+    by the server's window). top_n: alternatives recorded per token (top_logprobs); logprobs: each
+    token's own logprob, asked for; schema: the JSON schema the output follows (format, or the
+    tools' reply)."""
     options = options or OllamaOptions()
     _refuse_unavailable(options)
     given = {field: getattr(options, name) for name, field in SAMPLING.items() if getattr(options, name) is not None}
@@ -31,7 +33,7 @@ def plan_of(options: OllamaOptions | None, *, top_n: int = 0, schema: dict | Non
     seed = options.seed if options.seed is not None and options.seed >= 0 else None  # Ollama's -1: a fresh one
     limit = options.num_predict if options.num_predict is not None and options.num_predict > 0 else None
     return GenerationPlan(SamplingParams(**dials, seed=seed), limit, tuple(options.stop or ()), top_n, schema,
-                          context_limit=options.num_ctx)
+                          context_limit=options.num_ctx, logprobs=logprobs or top_n > 0)
 
 
 def _refuse_unavailable(options: OllamaOptions) -> None:
