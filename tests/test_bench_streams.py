@@ -1,0 +1,69 @@
+"""bench_streams: nexttok serve against llama-server -np N under N concurrent streams. What can fail
+without llama.cpp is tested here: --streams parsing, the percentile math, a missing llama-server,
+and the nexttok side end to end (a real `nexttok serve` child on the tiny test model, two streams,
+one round). Never a timed test: the figures are the bench's, not the tests'."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from nexttok.bench_streams import Request, Round, Spec, llama_server, parse_streams, percentile, run_streams
+
+
+def test_streams_parse_to_counts_and_bad_ones_are_one_line_errors():
+    assert parse_streams("1,4,8") == [1, 4, 8]
+    assert parse_streams("16") == [16]
+    with pytest.raises(ValueError, match=r"--streams '0': each stream count must be >= 1"):
+        parse_streams("0")
+    with pytest.raises(ValueError, match=r"--streams 'x': a comma-separated list"):
+        parse_streams("x")
+    with pytest.raises(ValueError, match=r"--streams '1,,2'"):
+        parse_streams("1,,2")
+
+
+def test_percentiles_interpolate_between_ranks_as_numpy_does():
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+    assert percentile([4, 1, 3, 2], 95) == pytest.approx(3.85)
+    assert percentile([7.0], 95) == 7.0
+    assert percentile(list(range(1, 101)), 0) == 1 and percentile(list(range(1, 101)), 100) == 100
+    with pytest.raises(ValueError):
+        percentile([], 50)
+
+
+def test_a_rounds_aggregate_is_its_tokens_over_its_wall_time():
+    rnd = Round([Request(0.1, 10, started=0.0, ended=2.0), Request(0.2, 30, started=0.5, ended=4.0)])
+    assert rnd.tokens == 40 and rnd.tokens_per_s == 10.0
+
+
+def test_a_missing_llama_server_is_a_reason_not_an_error(tmp_path, monkeypatch):
+    (tmp_path / "llama-bench").write_text("")  # a build folder with llama-bench but no llama-server
+    assert llama_server(str(tmp_path)) == (None, f"no llama-server in {tmp_path}")
+    binary, why = llama_server("/nonexistent")
+    assert binary is None and "no llama-bench in /nonexistent" in why
+
+
+def test_bad_streams_from_the_command_line_is_one_line(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "nexttok", "bench", str(tmp_path), "--streams", "x"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "--streams 'x'" in result.stderr
+
+
+def test_the_nexttok_side_runs_end_to_end(chat_model_dir, tmp_path):
+    """A real `nexttok serve` child, two concurrent streams, one round: the report has the figures."""
+    spec = Spec(str(chat_model_dir), None, threads=1, rounds=1, max_tokens=8, logs=tmp_path)
+    heard = []
+    text = run_streams(spec, [2], on_result=lambda n, got: heard.append((n, got)))
+    [(n, got)] = heard
+    assert n == 2 and list(got) == ["nexttok"]
+    [rnd] = got["nexttok"]
+    assert len(rnd.requests) == 2
+    assert all(r.tokens > 0 and 0 < r.ttft <= r.ended - r.started for r in rnd.requests)
+    assert rnd.tokens_per_s > 0
+    row = next(line for line in text.splitlines() if line.split()[:2] == ["2", "nexttok"])
+    assert row.split()[4] == str(rnd.tokens)  # tokens per round, after "median (range)"
+    assert "llama-server" not in text.splitlines()[1:]  # nexttok alone: no llama-server row, no ratio
+    assert (tmp_path / "streams-nexttok-2.log").is_file()
