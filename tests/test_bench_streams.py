@@ -5,12 +5,59 @@ one round). Never a timed test: the figures are the bench's, not the tests'."""
 
 from __future__ import annotations
 
+import stat
 import subprocess
 import sys
 
 import pytest
 
+from nexttok import bench_streams
 from nexttok.bench_streams import Request, Round, Spec, llama_server, parse_streams, percentile, run_streams
+
+# A stand-in server: /health, /v1/models and streamed /v1/completions of max_tokens one-token chunks
+# (with a usage chunk, as llama-server sends, or without: then the chunks are counted); it logs its
+# name, OMP_NUM_THREADS and arguments, one line per start.
+FAKE_SERVER = """#!{python}
+import json, os, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+args = sys.argv[1:]
+with open({calls!r}, "a") as f:
+    f.write(" ".join([{name!r}, os.environ.get("OMP_NUM_THREADS", "-")] + args) + "\\n")
+if {fail!r}:
+    sys.exit("error: failed to load model")
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        body = json.dumps({{"data": [{{"id": "fake"}}]}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):
+        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        chunks = [{{"choices": [{{"text": "a"}}]}}] * request["max_tokens"]
+        chunks += [{{"choices": [], "usage": {{"completion_tokens": request["max_tokens"]}}}}] if {usage!r} else []
+        for chunk in chunks:
+            self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\\n\\n")
+        self.wfile.write(b"data: [DONE]\\n\\n")
+
+ThreadingHTTPServer(("127.0.0.1", int(args[args.index("--port") + 1])), Handler).serve_forever()
+"""
+
+
+def fake_server(folder, name: str, *, usage: bool = True, fail: bool = False):
+    script = folder / name
+    script.write_text(FAKE_SERVER.format(python=sys.executable, calls=str(folder / "calls"), name=name, fail=fail,
+                                         usage=usage))
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return script
 
 
 def test_streams_parse_to_counts_and_bad_ones_are_one_line_errors():
@@ -67,3 +114,30 @@ def test_the_nexttok_side_runs_end_to_end(chat_model_dir, tmp_path):
     assert row.split()[4] == str(rnd.tokens)  # tokens per round, after "median (range)"
     assert "llama-server" not in text.splitlines()[1:]  # nexttok alone: no llama-server row, no ratio
     assert (tmp_path / "streams-nexttok-2.log").is_file()
+
+
+def test_both_engines_alternate_one_at_a_time_and_the_ratio_is_printed(tmp_path, monkeypatch):
+    """Stand-ins for both servers: the rounds alternate who goes first, llama-server gets -np N, a
+    context of N slots and -t, both get the threads, and the report has a ratio line per N."""
+    binary = fake_server(tmp_path, "llama-server")
+    ours = fake_server(tmp_path, "nexttok", usage=False)
+    monkeypatch.setattr(bench_streams, "nexttok_command", lambda model, port, n: [str(ours), "--port", str(port)])
+    spec = Spec("m.gguf", binary, threads=3, rounds=2, max_tokens=4, logs=tmp_path)
+    text = run_streams(spec, [1, 3])
+    calls = [line.split() for line in (tmp_path / "calls").read_text().splitlines()]
+    assert [c[0] for c in calls] == ["nexttok", "llama-server", "llama-server", "nexttok"] * 2
+    assert {c[1] for c in calls} == {"3"}  # OMP_NUM_THREADS: torch's threads in nexttok serve
+    port = calls[-2][calls[-2].index("--port") + 1]
+    assert calls[-2][2:] == ["-m", "m.gguf", "-np", "3", "-c", "3072", "-t", "3", "--host", "127.0.0.1", "--port", port]
+    rows = [line.split() for line in text.splitlines()[2:]]
+    assert [r[:2] for r in rows] == [["1", "nexttok"], ["1", "llama-server"], ["1", "nexttok/llama-server"],
+                                     ["3", "nexttok"], ["3", "llama-server"], ["3", "nexttok/llama-server"]]
+    assert rows[0][4] == rows[1][4] == "4" and rows[3][4] == rows[4][4] == "12"  # chunks counted, usage read
+    assert rows[2][3].endswith("x")
+
+
+def test_a_server_that_will_not_start_is_one_line(tmp_path):
+    binary = fake_server(tmp_path, "llama-server", fail=True)
+    spec = Spec("m.gguf", binary, rounds=1, max_tokens=4, logs=tmp_path)
+    with pytest.raises(RuntimeError, match=r"llama-server exited \(1\): error: failed to load model \(log: "):
+        bench_streams.one_round(spec, "llama-server", 2)
