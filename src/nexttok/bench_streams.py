@@ -31,6 +31,7 @@ from nexttok.bench_native import llama_cpp_bin
 
 PROMPT = ("Once upon a time, on a rocky island far out at sea, there lived an old lighthouse keeper. "
           "Every night he")  # a story to continue: no early EOS, so both engines write max_tokens
+WARM_UP = "The weather today is"
 CTX_PER_STREAM = 1024  # llama-server's -c is shared by its -np slots: each gets this many
 ENGINES = ("nexttok", "llama-server")
 
@@ -250,7 +251,9 @@ def one_round(spec: Spec, engine: str, n: int) -> Round:
     log = spec.logs / f"streams-{engine}-{n}.log"
     with running(command, port, log, _child_env(spec.threads)) as url:
         name = served_name(url)
-        fire(url, name, 1, max_tokens=8, prompt=spec.prompt)  # warm-up: lazy setup, the file into memory
+        # warm-up (lazy setup, the file into memory) on another prompt: neither engine's prompt cache
+        # holds the measured one, so every stream prefills it
+        fire(url, name, 1, max_tokens=8, prompt=WARM_UP)
         return fire(url, name, n, max_tokens=spec.max_tokens, prompt=spec.prompt)
 
 
