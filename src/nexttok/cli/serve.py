@@ -193,6 +193,9 @@ def _bench_streams(args: argparse.Namespace, model: str) -> int:
     from nexttok.bench_streams import Spec, llama_server, parse_streams, run_streams
 
     streams = parse_streams(args.streams)
+    if args.compile or args.tensor_parallel != 1:
+        raise ValueError("--streams measures `nexttok serve` as it runs by default: not with --compile or "
+                         "--tensor-parallel")
     rounds = 3 if args.rounds is None else args.rounds
     for name, value in (("--rounds", rounds), ("--threads", args.threads), ("--new-tokens", args.new_tokens)):
         if value < 1:
