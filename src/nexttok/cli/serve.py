@@ -190,7 +190,9 @@ def cmd_bench(args: argparse.Namespace, out: Console) -> int:
 
 def _bench_streams(args: argparse.Namespace, model: str) -> int:
     """--streams: nexttok serve against llama-server -np N, N concurrent streams (bench_streams)."""
-    from nexttok.bench_streams import Spec, llama_server, parse_streams, run_streams
+    import signal
+
+    from nexttok.bench_streams import Spec, llama_server, parse_streams, report, run_streams
 
     streams = parse_streams(args.streams)
     if args.compile or args.tensor_parallel != 1:
@@ -209,11 +211,20 @@ def _bench_streams(args: argparse.Namespace, model: str) -> int:
     spec = Spec(model, binary, threads=args.threads, rounds=rounds, max_tokens=args.new_tokens)
     err.print(f"[dim]streams {', '.join(map(str, streams))}: {' and '.join(spec.engines)}, {rounds} round(s); "
               "server logs in /tmp/streams-*.log[/]")
+    def progress(n, got) -> None:  # each N's rows as it ends: a long run shows what it has
+        err.print(common.escape("\n".join(report(spec, {n: got}).splitlines()[2:])), style="dim")
+
+    def terminate(signum, frame):  # the servers run in sessions of their own: stop them on a kill too
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminate)
     try:
-        print(run_streams(spec, streams, on_result=lambda n, got: err.print(f"[dim]{n} streams done[/]")))
+        print(run_streams(spec, streams, on_result=progress))
     except RuntimeError as e:  # a server that would not start or a stream that failed: one line
         err.print(f"[red]error:[/] {common.escape(str(e))}")
         return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0
 
 
