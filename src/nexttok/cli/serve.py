@@ -202,7 +202,7 @@ def _bench_streams(args: argparse.Namespace, model: str) -> int:
     for name, value in (("--rounds", rounds), ("--threads", args.threads), ("--new-tokens", args.new_tokens)):
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
-    err = Console(stderr=True)
+    err = Console(stderr=True, soft_wrap=True)  # rows of the table: never wrapped
     binary, why = (None, "--no-compare") if args.no_compare else llama_server(args.llama_cpp_bin)
     if binary is not None and not model.endswith(".gguf"):
         binary, why = None, f"{model} is not a .gguf file"
