@@ -119,6 +119,7 @@ LAYERS = [
     ("nexttok.server",),
     ("nexttok.benchmark",),
     ("nexttok.bench_native",),  # against llama.cpp's own tools, over benchmark's measurements
+    ("nexttok.bench_streams",),  # nexttok serve against llama-server, N streams at once (over bench_native)
     ("nexttok.cli",),
     ("nexttok.__main__", "nexttok"),  # the entry point and the package's public names
 ]

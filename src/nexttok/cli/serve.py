@@ -155,6 +155,9 @@ def cmd_bench(args: argparse.Namespace, out: Console) -> int:
     if args.tensor_parallel != 1 and "RANK" in os.environ:
         raise ValueError("bench --tensor-parallel starts its own ranks: run it without torchrun")
     path = resolve_checkpoint(args.model or DEFAULT_MODEL)
+    if args.streams is not None:
+        return _bench_streams(args, str(path))
+    args.rounds = 5 if args.rounds is None else args.rounds
     engines = ["nexttok", "compiled"] if args.compile else ["nexttok"]
     native = None if args.no_compare or path.suffix != ".gguf" else llama_cpp_bin(args.llama_cpp_bin)
     if args.rounds < 1:
@@ -182,6 +185,46 @@ def cmd_bench(args: argparse.Namespace, out: Console) -> int:
     elif "llama.cpp" in engines:
         print("llama.cpp: through llama-cpp-python (its Python generate loop), since no llama-bench was found: "
               "--llama-cpp-bin DIR or $NEXTTOK_LLAMA_CPP_BIN names a build (../shared/tools/build-llama-cpp.sh)")
+    return 0
+
+
+def _bench_streams(args: argparse.Namespace, model: str) -> int:
+    """--streams: nexttok serve against llama-server -np N, N concurrent streams (bench_streams)."""
+    import signal
+
+    from nexttok.bench_streams import Spec, llama_server, parse_streams, report, run_streams
+
+    streams = parse_streams(args.streams)
+    if args.compile or args.tensor_parallel != 1:
+        raise ValueError("--streams measures `nexttok serve` as it runs by default: not with --compile or "
+                         "--tensor-parallel")
+    rounds = 3 if args.rounds is None else args.rounds
+    for name, value in (("--rounds", rounds), ("--threads", args.threads), ("--new-tokens", args.new_tokens)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    err = Console(stderr=True, soft_wrap=True)  # rows of the table: never wrapped
+    binary, why = (None, "--no-compare") if args.no_compare else llama_server(args.llama_cpp_bin)
+    if binary is not None and not model.endswith(".gguf"):
+        binary, why = None, f"{model} is not a .gguf file"
+    if binary is None:
+        err.print(f"[dim]llama-server: not run ({why}); nexttok serve only[/]")
+    spec = Spec(model, binary, threads=args.threads, rounds=rounds, max_tokens=args.new_tokens)
+    err.print(f"[dim]streams {', '.join(map(str, streams))}: {' and '.join(spec.engines)}, {rounds} round(s); "
+              "server logs in /tmp/streams-*.log[/]")
+    def progress(n, got) -> None:  # each N's rows as it ends: a long run shows what it has
+        err.print(common.escape("\n".join(report(spec, {n: got}).splitlines()[2:])), style="dim")
+
+    def terminate(signum, frame):  # the servers run in sessions of their own: stop them on a kill too
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        print(run_streams(spec, streams, on_result=progress))
+    except RuntimeError as e:  # a server that would not start or a stream that failed: one line
+        err.print(f"[red]error:[/] {common.escape(str(e))}")
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0
 
 
@@ -238,8 +281,13 @@ def _add_bench_parser(sub) -> None:
     bench.add_argument("--llama-cpp-bin", default=None, metavar="DIR",
                        help="llama.cpp's own tools to compare a .gguf against (llama-bench; default: "
                        "$NEXTTOK_LLAMA_CPP_BIN, else ../shared/tools/build-llama-cpp.sh's cached build)")
-    bench.add_argument("--rounds", type=int, default=5,
-                       help="rounds against llama-bench, alternating which engine runs first (default 5)")
+    bench.add_argument("--rounds", type=int, default=None,
+                       help="rounds against llama.cpp, alternating which engine runs first (default 5 against "
+                       "llama-bench, 3 with --streams)")
+    bench.add_argument("--streams", default=None, metavar="N,N,...",
+                       help="throughput under load instead: nexttok serve against llama-server -np N, N concurrent "
+                       "streaming requests (e.g. 1,4,8); aggregate tokens/s and time to first token p50/p95; "
+                       "--new-tokens is each request's max_tokens")
     bench.set_defaults(func=cmd_bench)
 
 
