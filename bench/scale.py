@@ -187,12 +187,14 @@ def main() -> None:
         sys.exit("no llama.cpp build with llama-quantize (build it with ../shared/tools/build-llama-cpp.sh)")
     path = quantized(args.shape, binary, args.keep)
     bandwidth, held, ceiling = roofline(path)
+    print(f"roofline: {bandwidth:.1f} GB/s read / {held / 1e9:.3f} GB nexttok's model reads per token "
+          f"= {ceiling:.1f} tokens/s", flush=True)
     table = compare(str(path), binary, threads=args.threads, prompt=args.prompt_tokens,
                     new=args.new_tokens, rounds=args.rounds)
     print(table)
     decode = _median_decode(table)
-    print(f"roofline: {bandwidth:.1f} GB/s read / {held / 1e9:.3f} GB nexttok's model reads per token "
-          f"= {ceiling:.1f} tokens/s; nexttok's decode {decode:.1f} tokens/s = {100 * decode / ceiling:.0f}%")
+    print(f"nexttok's decode {decode:.1f} tokens/s = {100 * decode / ceiling:.0f}% of the roofline's "
+          f"{ceiling:.1f} tokens/s ({bandwidth:.1f} GB/s / {held / 1e9:.3f} GB)")
 
 
 def _median_decode(table: str) -> float:
