@@ -1,0 +1,207 @@
+"""Scale: nexttok vs llama-bench on a random-weight model the size people run, and the memory roofline.
+
+    python bench/scale.py                          # Qwen2.5-1.5B's shape, Q4_K_M, 5 rounds
+    python bench/scale.py --rounds 2 --keep        # keep the F16 file too
+    python bench/scale.py --shape tiny --rounds 1  # the pipeline checked in seconds
+
+Writes a GGUF in the shape's architecture (llama.cpp's tensor names and "<arch>." metadata, F16
+weights ~N(0, 0.02), norms 1, the tokenizer metadata copied from the Qwen2.5-Coder-0.5B GGUF, whose
+151936-token vocabulary is Qwen2.5's), quantizes it with llama.cpp's llama-quantize to Q4_K_M and
+caches that under ~/.cache/nexttok-ref/scale/<shape>-q4_k_m.gguf, so later runs reuse it. Then
+nexttok.bench_native.compare alternates nexttok and llama-bench over --rounds (medians and ranges),
+and the roofline is printed: measured read bandwidth / the bytes nexttok's loaded model reads per
+decode step (nexttok.benchmark.weight_bytes) as tokens/s, and nexttok's median decode as a % of it.
+Random weights change no timing: every kernel reads the same bytes whatever the values.
+
+Only the Qwen shape (and tiny) are supported: --shape llama-3.2-3b needs a Llama-3 tokenizer's
+GGUF metadata, and none is available offline here (no Llama-3 GGUF in the cache).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+REFERENCE = Path.home() / ".cache" / "nexttok-ref"
+TOKENIZER_SOURCE = REFERENCE / "qwen" / "qwen2.5-coder-0.5b-q4_k_m.gguf"
+CACHE = REFERENCE / "scale"
+
+
+@dataclass(frozen=True)
+class Shape:
+    arch: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    rope_theta: float
+    rms_eps: float
+    context: int
+    qkv_bias: bool = True
+
+
+SHAPES = {
+    "qwen2.5-1.5b": Shape("qwen2", 1536, 28, 12, 2, 128, 8960, 151936, 1e6, 1e-6, 32768),
+    "tiny": Shape("qwen2", 256, 2, 4, 2, 64, 512, 151936, 1e6, 1e-6, 4096),
+}
+UNSUPPORTED = {"llama-3.2-3b": "needs a Llama-3 tokenizer (128256 tokens) and no Llama-3 GGUF is available "
+                               "offline to copy its tokenizer metadata from"}
+
+
+def tensor_shapes(shape: Shape) -> list[tuple[str, tuple[int, ...]]]:
+    """llama.cpp's names and numpy shapes (rows = output features), in its file order; tied embeddings."""
+    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    out: list[tuple[str, tuple[int, ...]]] = [("token_embd.weight", (shape.vocab, shape.hidden))]
+    for n in range(shape.layers):
+        block = [("attn_norm.weight", (shape.hidden,)), ("attn_q.weight", (q, shape.hidden)),
+                 ("attn_k.weight", (kv, shape.hidden)), ("attn_v.weight", (kv, shape.hidden))]
+        if shape.qkv_bias:
+            block += [("attn_q.bias", (q,)), ("attn_k.bias", (kv,)), ("attn_v.bias", (kv,))]
+        block += [("attn_output.weight", (shape.hidden, q)), ("ffn_norm.weight", (shape.hidden,)),
+                  ("ffn_gate.weight", (shape.intermediate, shape.hidden)),
+                  ("ffn_up.weight", (shape.intermediate, shape.hidden)),
+                  ("ffn_down.weight", (shape.hidden, shape.intermediate))]
+        out += [(f"blk.{n}.{name}", dims) for name, dims in block]
+    return out + [("output_norm.weight", (shape.hidden,))]
+
+
+def _values(name: str, dims: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """F16 weights ~N(0, 0.02), F32 norms of 1 and biases ~N(0, 0.02); big ones made in row chunks."""
+    if name.endswith("norm.weight"):
+        return np.ones(dims, dtype=np.float32)
+    if len(dims) == 1:
+        return (rng.standard_normal(dims, dtype=np.float32) * 0.02).astype(np.float32)
+    out = np.empty(dims, dtype=np.float16)
+    step = max(1, (1 << 24) // dims[1])
+    for start in range(0, dims[0], step):
+        rows = min(step, dims[0] - start)
+        out[start:start + rows] = rng.standard_normal((rows, dims[1]), dtype=np.float32) * 0.02
+    return out
+
+
+def _copy_tokenizer(writer, source: Path, vocab: int) -> None:
+    """Every tokenizer.* key of `source`, its vocabulary checked against the shape's."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(source))
+    tokens = reader.fields["tokenizer.ggml.tokens"]
+    if len(tokens.data) != vocab:
+        raise ValueError(f"{source} has {len(tokens.data)} tokens, the shape {vocab}")
+    for key, field in reader.fields.items():
+        if key.startswith("tokenizer."):
+            sub = field.types[1] if len(field.types) > 1 else None
+            writer.add_key_value(key, field.contents(), field.types[0], sub)
+
+
+def write_gguf(path: Path, shape: Shape, *, tokenizer: Path = TOKENIZER_SOURCE, seed: int = 0) -> None:
+    """A random-weight F16 GGUF in `shape`, written one tensor at a time (memory: the largest one)."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), shape.arch)
+    writer.add_name(f"nexttok random {shape.arch}")
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    a = shape.arch
+    for key, value in {"context_length": shape.context, "embedding_length": shape.hidden,
+                       "block_count": shape.layers, "feed_forward_length": shape.intermediate,
+                       "attention.head_count": shape.heads, "attention.head_count_kv": shape.kv_heads}.items():
+        writer.add_uint32(f"{a}.{key}", value)
+    writer.add_float32(f"{a}.rope.freq_base", shape.rope_theta)
+    writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", shape.rms_eps)
+    _copy_tokenizer(writer, tokenizer, shape.vocab)
+    layout = tensor_shapes(shape)
+    for name, dims in layout:
+        f16 = len(dims) == 2
+        dtype = np.float16 if f16 else np.float32
+        writer.add_tensor_info(name, dims, np.dtype(dtype), int(np.prod(dims)) * np.dtype(dtype).itemsize,
+                               gguf.GGMLQuantizationType.F16 if f16 else gguf.GGMLQuantizationType.F32)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    rng = np.random.default_rng(seed)
+    for name, dims in layout:
+        writer.write_tensor_data(_values(name, dims, rng))
+    writer.close()
+
+
+def quantized(shape_name: str, binary: Path, keep: bool) -> Path:
+    """The cached Q4_K_M file of `shape_name`, written and quantized first where there is none."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    out = CACHE / f"{shape_name}-q4_k_m.gguf"
+    if out.is_file():
+        print(f"reusing {out}", flush=True)
+        return out
+    f16 = CACHE / f"{shape_name}-f16.gguf"
+    if not f16.is_file():
+        start = time.perf_counter()
+        write_gguf(f16, SHAPES[shape_name])
+        print(f"wrote {f16} ({f16.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - start:.0f} s", flush=True)
+    start = time.perf_counter()
+    partial = out.with_suffix(".partial")
+    subprocess.run([str(binary / "llama-quantize"), str(f16), str(partial), "Q4_K_M"], check=True,
+                   stdout=subprocess.DEVNULL)
+    partial.rename(out)
+    print(f"quantized to {out} ({out.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - start:.0f} s",
+          flush=True)
+    if not keep:
+        f16.unlink()
+    return out
+
+
+def roofline(path: Path) -> tuple[float, int, float]:
+    """(read GB/s, bytes nexttok's loaded model reads per decode step, the tokens/s they allow)."""
+    from nexttok.benchmark import measure_read_bandwidth, weight_bytes
+    from nexttok.checkpoints.loading import load_model
+
+    model = load_model(str(path))
+    held = weight_bytes(model)
+    del model
+    bandwidth = measure_read_bandwidth()
+    return bandwidth, held, bandwidth * 1e9 / held
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="qwen2.5-1.5b", choices=[*SHAPES, *UNSUPPORTED])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--prompt-tokens", type=int, default=512)
+    parser.add_argument("--keep", action="store_true", help="keep the F16 file next to the Q4_K_M one")
+    parser.add_argument("--llama-cpp-bin", default=None)
+    args = parser.parse_args()
+    if args.shape in UNSUPPORTED:
+        sys.exit(f"--shape {args.shape}: {UNSUPPORTED[args.shape]}")
+    from nexttok.bench_native import compare, llama_cpp_bin
+
+    binary = llama_cpp_bin(args.llama_cpp_bin)
+    if binary is None or not (binary / "llama-quantize").is_file():
+        sys.exit("no llama.cpp build with llama-quantize (build it with ../shared/tools/build-llama-cpp.sh)")
+    path = quantized(args.shape, binary, args.keep)
+    bandwidth, held, ceiling = roofline(path)
+    print(f"roofline: {bandwidth:.1f} GB/s read / {held / 1e9:.3f} GB nexttok's model reads per token "
+          f"= {ceiling:.1f} tokens/s", flush=True)
+    table = compare(str(path), binary, threads=args.threads, prompt=args.prompt_tokens,
+                    new=args.new_tokens, rounds=args.rounds)
+    print(table)
+    decode = _median_decode(table)
+    print(f"nexttok's decode {decode:.1f} tokens/s = {100 * decode / ceiling:.0f}% of the roofline's "
+          f"{ceiling:.1f} tokens/s ({bandwidth:.1f} GB/s / {held / 1e9:.3f} GB)")
+
+
+def _median_decode(table: str) -> float:
+    """nexttok's median decode tokens/s from compare's table (its first number on the decode line)."""
+    line = next(row for row in table.splitlines() if row.startswith("decode"))
+    return float(line[22:].split()[0])  # Rounds.line: a 22-character label, then nexttok's median
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""bench/scale.py's GGUF writer at its tiny shape: the random-weight F16 file loads in nexttok with the
+shape's config and runs a forward. Pure Python (no llama.cpp, no quantize); never a timed test."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from nexttok.checkpoints.loading import load_model
+
+SCALE = Path(__file__).resolve().parent.parent / "bench" / "scale.py"
+
+
+def scale_module():
+    if "bench_scale" in sys.modules:
+        return sys.modules["bench_scale"]
+    spec = importlib.util.spec_from_file_location("bench_scale", SCALE)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("bench_scale", module)  # its dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_tiny_random_gguf_loads_and_runs(tmp_path):
+    scale = scale_module()
+    if not scale.TOKENIZER_SOURCE.is_file():
+        pytest.skip(f"no {scale.TOKENIZER_SOURCE} to copy the tokenizer metadata from")
+    shape = scale.SHAPES["tiny"]
+    path = tmp_path / "tiny-f16.gguf"
+    scale.write_gguf(path, shape)
+    model = load_model(path)
+    c = model.config
+    assert (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads) == (256, 2, 4, 2)
+    assert (c.head_dim, c.intermediate_size, c.vocab_size) == (64, 512, 151936)
+    assert c.rope_theta == pytest.approx(1e6)
+    with torch.no_grad():
+        logits = model(torch.tensor([[1, 2, 3]]))
+    assert logits.shape[-1] == 151936 and torch.isfinite(logits).all()
+
+
+def test_unsupported_shape_says_why():
+    scale = scale_module()
+    assert "tokenizer" in scale.UNSUPPORTED["llama-3.2-3b"]
+    names = [name for name, _ in scale.tensor_shapes(scale.SHAPES["qwen2.5-1.5b"])]
+    assert "output.weight" not in names and "blk.27.attn_q.bias" in names  # tied, q/k/v biases
