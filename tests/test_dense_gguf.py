@@ -147,3 +147,21 @@ def test_sliding_window_pattern_as_llama_cpp_reads_it(pattern, expected):
         values["olmo2.attention.sliding_window_pattern"] = pattern
     types = GGUFMeta(values, frozenset(), []).layer_types(8, 4)
     assert "".join("S" if t == "sliding_attention" else "F" for t in types) == expected
+
+
+@pytest.mark.parametrize("name", ["llama_linear_rope_tied_bias", "qwen2"])
+@torch.inference_mode()
+def test_biases_come_back_from_the_tensors_the_file_holds(written_gguf, name):
+    """No metadata key says a Llama has attention / MLP biases: the loader reads them from the
+    tensors there (as llama.cpp does), so our own export of one loads and gives HF's logits."""
+    hf, path = written_gguf(name)
+    ours = load_model(path)
+    assert ours.config.attention_bias
+    assert_hfs_logits_at_every_step_and_in_a_padded_batch(hf, ours)
+
+
+@pytest.mark.parametrize("name", ["qwen2_sliding", "qwen3_sliding_bias_tied"])
+def test_sliding_layers_llama_cpps_format_cannot_hold_are_refused_at_export(written_gguf, name):
+    with pytest.raises(GGUFError, match=r"llama.cpp's qwen[23] GGUF has no sliding-window layers, and this "
+                                        r"checkpoint has some \(use_sliding_window\)"):
+        written_gguf(name)

@@ -281,6 +281,9 @@ def gguf_config(meta: GGUFMeta) -> dict:
         "head_dim": head_dim, "max_position_embeddings": meta.key("context_length"),
         "rms_norm_eps": meta.key("attention.layer_norm_rms_epsilon"),
         "rope_theta": meta.key("rope.freq_base", 10000.0), "hidden_act": "silu",
+        # no metadata key says so: biases are there or not (llama.cpp loads them where present)
+        "attention_bias": "blk.0.attn_q.bias" in meta.tensor_names,
+        "mlp_bias": "blk.0.ffn_up.bias" in meta.tensor_names,
     }
     rotary = meta.get("rope.dimension_count", head_dim)
     if rotary != head_dim:  # the family's fields refuse it where llama.cpp does (the llama arch)
@@ -327,6 +330,16 @@ def gguf_metadata(config: ModelConfig) -> dict:
     return out
 
 
+def plain_metadata(config: ModelConfig) -> dict:
+    """gguf_metadata for the llama, qwen2 and qwen3 archs, whose llama.cpp graphs (and gguf_config)
+    have no sliding-window layers: a checkpoint with some is refused, not written as one whose
+    layers attend everywhere."""
+    if "sliding_attention" in config.layer_types:
+        raise ConfigError(f"llama.cpp's {config.model_type} GGUF has no sliding-window layers, and this checkpoint "
+                          "has some (use_sliding_window)")
+    return gguf_metadata(config)
+
+
 GGUF_TENSORS = {  # llama.cpp → ours (per block: "blk.N." → "model.layers.N.")
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -348,9 +361,9 @@ QK_PERMUTED = (".q_proj.weight", ".k_proj.weight", ".q_proj.bias", ".k_proj.bias
 ARCHITECTURES = (
     Architecture("llama", Llama, lambda hf: fields(hf, "llama"),
                  GGUFLayout("llama", gguf_config, GGUF_TENSORS, permuted=QK_PERMUTED,
-                            hf_class="LlamaForCausalLM", metadata=gguf_metadata)),
+                            hf_class="LlamaForCausalLM", metadata=plain_metadata)),
     Architecture("qwen2", Llama, lambda hf: fields(hf, "qwen2"),
                  GGUFLayout("qwen2", gguf_config, GGUF_TENSORS, hf_class="Qwen2ForCausalLM",
-                            metadata=gguf_metadata)),
+                            metadata=plain_metadata)),
     Architecture("mistral", Llama, lambda hf: fields(hf, "mistral")),
 )

@@ -41,5 +41,5 @@ def fields(hf: dict, model_type: str = "qwen3") -> dict:
 ARCHITECTURES = (
     Architecture("qwen3", Qwen3, fields,
                  GGUFLayout("qwen3", llama.gguf_config, {**llama.GGUF_TENSORS, **QK_NORM_TENSORS},
-                            hf_class="Qwen3ForCausalLM", metadata=llama.gguf_metadata)),
+                            hf_class="Qwen3ForCausalLM", metadata=llama.plain_metadata)),
 )
