@@ -16,7 +16,7 @@ from rich.console import Console
 from live_server import LiveServer
 from nexttok.checkpoints import store
 from nexttok.checkpoints.store import Manifest
-from nexttok.cli import build_parser, main
+from nexttok.cli import build_parser, client, main
 from nexttok.server import ServerLimits, create_app
 
 GREEDY = ["--temperature", "0", "--max-tokens", "8"]
@@ -38,6 +38,10 @@ def live(served, tiny_ggufs, tmp_path, monkeypatch):
     monkeypatch.setenv("NEXTTOK_MODELS", str(tmp_path / "models"))
     stored(tiny_ggufs["tiny-Q8_0.gguf"], STORED)
     app = create_app([dataclasses.replace(served, scheduler=None)], limits=ServerLimits(keep_alive=300.0))
+    # the CLI's probe gives a server 0.5 s: a fresh clone's first request there also compiles the
+    # modules its route imports (no __pycache__ yet), which took longer once; what is tested here
+    # is where the command runs, not how fast the probe is
+    monkeypatch.setattr(client, "PROBE_TIMEOUT", 10.0)
     with LiveServer(app) as server:
         monkeypatch.setenv("NEXTTOK_HOST", server.url.removeprefix("http://"))
         server.app = app
