@@ -70,9 +70,8 @@ def _worker(source: str, threads: int, prompt: int, new: int, conn) -> None:
     """The model loaded once; each message "round" answers {"decode_tps", "prefill_tps"}."""
     import torch
 
-    from nexttok.benchmark import prefill_prompt, random_prompt
+    from nexttok.benchmark import decode_rate, prefill_prompt, random_prompt
     from nexttok.checkpoints.loading import load_checkpoint
-    from nexttok.generation.loop import generate
     from nexttok.generation.sampling import SamplingParams
 
     torch.set_num_threads(threads)
@@ -82,11 +81,7 @@ def _worker(source: str, threads: int, prompt: int, new: int, conn) -> None:
     long = random_prompt(prompt, model.config.vocab_size, seed=1)[0].tolist()
 
     def decode(n: int) -> float:
-        start = time.perf_counter()
-        steps = generate(model, tokenizer, start_ids, SamplingParams(temperature=0), max_tokens=n,
-                         stop_token_ids=[], top_n=0).steps
-        first = start + steps[0].elapsed
-        return (len(steps) - 1) / (time.perf_counter() - first)
+        return decode_rate(model, tokenizer, start_ids, n, SamplingParams(temperature=0))[0]
 
     decode(8)  # warm-up
     prefill_prompt(model, long)

@@ -101,11 +101,7 @@ def bench_nexttok(cfg: BenchConfig) -> dict:
     greedy = SamplingParams(temperature=0)
 
     def decode_run(prompt, n, use_cache=True, params=greedy):
-        start = time.perf_counter()
-        steps = generate(model, tokenizer, prompt, params, max_tokens=n, stop_token_ids=[], use_cache=use_cache,
-                         **LEAN).steps
-        first = start + steps[0].elapsed
-        return (len(steps) - 1) / (time.perf_counter() - first), steps[0].elapsed
+        return decode_rate(model, tokenizer, prompt, n, params, use_cache)
 
     short = random_prompt(cfg.decode_prompt_tokens, vocab)[0].tolist()
     long = random_prompt(cfg.prompt_tokens, vocab, seed=1)[0].tolist()
@@ -126,6 +122,17 @@ def bench_nexttok(cfg: BenchConfig) -> dict:
             "ttft_ms": 1000 * _median(ttft), "nocache_tps": _median(nocache), "cache_long_tps": _median(cached_long),
             "weight_bytes": weight_bytes(model), "cache_held": cache_held(model, cfg.context_tokens),
             **spec, **compiled}
+
+
+def decode_rate(model, tokenizer, prompt: list[int], n: int, params: SamplingParams,
+                use_cache: bool = True) -> tuple[float, float]:
+    """(decode tokens/s from the first token on, the first token's seconds) of n tokens generated as
+    `nexttok run` generates them (no logprobs or alternatives asked for, no stop tokens)."""
+    start = time.perf_counter()
+    steps = generate(model, tokenizer, prompt, params, max_tokens=n, stop_token_ids=[], use_cache=use_cache,
+                     **LEAN).steps
+    first = start + steps[0].elapsed
+    return (len(steps) - 1) / (time.perf_counter() - first), steps[0].elapsed
 
 
 def cache_held(model, context: int) -> dict[str, int]:
