@@ -132,22 +132,23 @@ def test_what_cannot_hold_a_state_refuses_in_one_line(pairs):
         check_world(ours.config, 2)
 
 
-def test_nexttok_run_as_a_new_user_would_and_speculation_refused(tmp_path, capsys):
-    """`nexttok run DIR` generates on a tiny LFM2 (the same tokens as the library's loop, which the
-    cached steps above tie to HF); --speculative ngram is refused in one line, naming why."""
+@pytest.mark.parametrize("name", ["lfm2", "qwen3_5"])
+def test_nexttok_run_as_a_new_user_would_and_speculation_refused(tmp_path, capsys, name):
+    """`nexttok run DIR` generates on a tiny LFM2 / Qwen3.5 (the same tokens as the library's loop,
+    which the cached steps tie to HF); --speculative ngram is refused in one line, naming why."""
     from nexttok.checkpoints.loading import load_checkpoint
     from nexttok.cli import main
     from nexttok.generation.loop import generate
     from nexttok.generation.sampling import SamplingParams
 
-    write_tiny("lfm2", tmp_path)
+    write_tiny(name, tmp_path)
     write_tiny_tokenizer(tmp_path)
     assert main(["run", str(tmp_path), "Hello there", "--temperature", "0", "--max-tokens", "6", "--json"]) == 0
     steps = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     checkpoint = load_checkpoint(tmp_path)
     expected = generate(checkpoint.model, checkpoint.tokenizer, "Hello there", SamplingParams(temperature=0),
                         max_tokens=6)
-    assert [s["token_id"] for s in steps] == expected.token_ids
+    assert [s["token_id"] for s in steps] == expected.token_ids and len(steps) == 6
     assert main(["run", str(tmp_path), "Hello there", "--max-tokens", "4", "--speculative", "ngram"]) != 0
     err = capsys.readouterr().err.strip()
     assert "recurrent layers keep a state that cannot take back a refused draft token" in err

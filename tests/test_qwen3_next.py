@@ -128,28 +128,6 @@ def test_qwen3_5s_multimodal_checkpoint_runs_its_text_model(tmp_path):
     torch.testing.assert_close(ours(ids), hf(input_ids=ids).logits, atol=ATOL, rtol=0)
 
 
-def test_nexttok_run_as_a_new_user_would_and_speculation_refused(tmp_path, capsys):
-    """`nexttok run DIR` generates on a tiny Qwen3.5 (the same tokens as the library's loop, which the
-    cached steps above tie to HF); --speculative ngram is refused in one line, naming why."""
-    from nexttok.checkpoints.loading import load_checkpoint
-    from nexttok.cli import main
-    from nexttok.generation.loop import generate
-    from nexttok.generation.sampling import SamplingParams
-
-    write_tiny("qwen3_5", tmp_path)
-    write_tiny_tokenizer(tmp_path)
-    assert main(["run", str(tmp_path), "Hello there", "--temperature", "0", "--max-tokens", "6", "--json"]) == 0
-    steps = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
-    checkpoint = load_checkpoint(tmp_path)
-    expected = generate(checkpoint.model, checkpoint.tokenizer, "Hello there", SamplingParams(temperature=0),
-                        max_tokens=6)
-    assert [s["token_id"] for s in steps] == expected.token_ids and len(steps) == 6
-    assert main(["run", str(tmp_path), "Hello there", "--max-tokens", "4", "--speculative", "ngram"]) != 0
-    err = capsys.readouterr().err.strip()
-    assert "recurrent layers keep a state that cannot take back a refused draft token" in err
-    assert len(err.splitlines()) == 1
-
-
 @pytest.mark.parametrize("name, arch", [("qwen3_next_gguf", "qwen3next"), ("qwen3_5_gguf", "qwen35")])
 @torch.inference_mode()
 def test_gguf_in_llama_cpps_layouts_gives_hfs_logits(tmp_path, name, arch):
