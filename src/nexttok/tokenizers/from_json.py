@@ -133,10 +133,13 @@ def _parse_merges(entries, where: str) -> list[tuple[str, str]]:
         raise TokenizerError(f"{where}: merges must be a list")
     merges = []
     for n, entry in enumerate(entries):
-        pair = entry.split(" ") if isinstance(entry, str) else entry
-        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, str) and p for p in pair)):
-            raise TokenizerError(f"{where}: merge #{n} {entry!r} is not a pair of two tokens")
-        merges.append((pair[0], pair[1]))
+        pair = entry.split(" ") if type(entry) is str else entry
+        if type(pair) is list and len(pair) == 2:
+            a, b = pair
+            if type(a) is str and type(b) is str and a and b:
+                merges.append((a, b))
+                continue
+        raise TokenizerError(f"{where}: merge #{n} {entry!r} is not a pair of two tokens")
     return merges
 
 

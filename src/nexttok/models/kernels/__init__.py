@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
+import importlib.util
 import mmap
 import shutil
 import sys
@@ -43,6 +44,7 @@ from nexttok.home import cache_home
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = ("ops.cpp", "decode.cpp", "q_generic.cpp", "q_avx2.cpp", "q_vnni.cpp")
+CFLAGS = ("-O3", "-fno-math-errno", "-fopenmp")
 ISAS = ("portable", "avx2", "avx512-vnni")  # the isa argument's values 0, 1, 2
 # ggml type numbers of the block formats the kernels run, with (values, bytes) per block
 BLOCKS = {"Q4_0": (2, 32, 18), "Q4_1": (3, 32, 20), "Q5_0": (6, 32, 22), "Q5_1": (7, 32, 24),
@@ -58,9 +60,9 @@ _state: dict[str, object] = {}
 
 def build_dir() -> Path:
     """Where this build of the kernels lives in the nexttok cache: keyed by torch's version, the
-    sources and where they are (ninja's build file names the sources by path, so two checkouts
+    compiler flags, the sources and where they are (ninja's build file names the sources by path, so two checkouts
     sharing one folder would rebuild it in turn)."""
-    digest = hashlib.sha256(torch.__version__.encode() + str(CSRC.resolve()).encode())
+    digest = hashlib.sha256(torch.__version__.encode() + str(CSRC.resolve()).encode() + " ".join(CFLAGS).encode())
     for name in sorted(p.name for p in CSRC.iterdir()):
         digest.update(name.encode() + (CSRC / name).read_bytes())
     return cache_home() / "kernels" / digest.hexdigest()[:16]
@@ -86,12 +88,20 @@ def load(verbose: bool = False):
 
 
 def _compile(verbose: bool):
+    built = build_dir() / "nexttok_q.so"
+    if built.is_file() and not verbose:  # built before from these very sources: imported as it is, without
+        with contextlib.suppress(ImportError):  # torch.utils.cpp_extension (and setuptools), a tenth of a second
+            spec = importlib.util.spec_from_file_location("nexttok_q", built)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            _register_fakes()
+            return module
     from torch.utils.cpp_extension import load as build
 
     directory = build_dir()
     directory.mkdir(parents=True, exist_ok=True)
     module = build(name="nexttok_q", sources=[str(CSRC / s) for s in SOURCES], build_directory=str(directory),
-                   extra_cflags=["-O3", "-fno-math-errno", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                   extra_cflags=list(CFLAGS), extra_ldflags=["-fopenmp"],
                    verbose=verbose)
     _register_fakes()
     return module

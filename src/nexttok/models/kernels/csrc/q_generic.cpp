@@ -147,16 +147,52 @@ void put_unit_code(int type, uint8_t* p, int r, int e, int u) {
 
 int header_bytes(int type) { return type == NQ_MXFP4 ? 1 : 2; }  // per row: d f16, or e
 
-}  // namespace
 
-// raw (N, bytes per row) file blocks -> tiles of 8 rows (zero rows past N).
-void repack(int type, const uint8_t* raw, int64_t N, int64_t K, uint8_t* out) {
+// Group j's 32 codes of row r from a file block into a unit's zeroed planes p. Where the low bits
+// are whole bytes (Q8_0) or nibbles the planes take 4 bytes at a time: a nibble type whose file byte
+// holds values e and e + 16 (Q4_0's layout) is the planes' own byte; one whose values e run over
+// 32 bytes at one shift (the K types) pairs two of them. Other bits go a value at a time.
+template <int type>
+void codes_to_unit(const uint8_t* blk, int j, uint8_t* p, int r) {
+    constexpr int lo = nq_low_bits(type), hi = nq_high_bits(type);
+    const Place first = place(type, j, 0), second = place(type, j, 16);
+    if constexpr (lo == 8) {
+        for (int c = 0; c < 8; c++) memcpy(p + 32 * c + 4 * r, blk + first.lo_byte + 4 * c, 4);
+    } else if constexpr (lo == 4) {
+        const uint8_t* src = blk + first.lo_byte;
+        if (second.lo_byte == first.lo_byte && first.lo_shift == 0 && second.lo_shift == 4) {
+            for (int c = 0; c < 4; c++) memcpy(p + 32 * c + 4 * r, src + 4 * c, 4);
+        } else {
+            const int sh = first.lo_shift;
+            for (int c = 0; c < 4; c++)
+                for (int i = 0; i < 4; i++)
+                    p[32 * c + 4 * r + i] = (uint8_t)(((src[4 * c + i] >> sh) & 15) |
+                                                      (((src[16 + 4 * c + i] >> sh) & 15) << 4));
+        }
+    } else {
+        for (int e = 0; e < 32; e++) put_unit_code(type, p, r, e, get_split(blk, place(type, j, e), lo, hi));
+        return;
+    }
+    for (int e = 0; hi && e < 32; e++) {  // the high bits, into their planes after the low ones
+        const Place at = place(type, j, e);
+        const int c = e / 4, u = (blk[at.hi_byte] >> at.hi_shift) & ((1 << hi) - 1);
+        p[32 * (lo + nq_plane_vector(hi, c)) + 4 * r + e % 4] |= (uint8_t)(u << nq_plane_shift(hi, c));
+    }
+}
+
+// Tiles t0..t1 of a weight from the file's blocks, the type a constant, so that the element loop's
+// layout switches fold away (a switch per element made loading the default model's 135M values
+// take 0.67 s).
+template <int TYPE>
+void repack_tiles(const uint8_t* raw, int64_t N, int64_t K, uint8_t* out, int64_t t0, int64_t t1) {
+    constexpr int type = TYPE;
     const int64_t units = K / nq_block_elems(type), row_bytes = units * nq_block_bytes(type);
-    const int64_t tiles = (N + NQ_TILE - 1) / NQ_TILE, ub = nq_unit_bytes(type);
+    constexpr int64_t ub = nq_unit_bytes(type);
     const FileLayout f = file_layout(type);
-    const int gpu = nq_block_elems(type) / 32, hb = header_bytes(type);
-    memset(out, 0, tiles * units * ub);
-    for (int64_t n = 0; n < N; n++) {
+    constexpr int gpu = nq_block_elems(type) / 32;
+    const int hb = header_bytes(type);
+    memset(out + t0 * units * ub, 0, (t1 - t0) * units * ub);
+    for (int64_t n = t0 * NQ_TILE; n < N && n < t1 * NQ_TILE; n++) {
         const int r = (int)(n % NQ_TILE);
         for (int64_t b = 0; b < units; b++) {
             const uint8_t* blk = raw + n * row_bytes + b * nq_block_bytes(type);
@@ -166,10 +202,27 @@ void repack(int type, const uint8_t* raw, int64_t N, int64_t K, uint8_t* out) {
             for (int j = 0; j < gpu; j++) {
                 uint8_t* gs = unit + nq_header(type) + j * (nq_group_scales(type) + nq_planes(type));
                 scales_to_unit(type, blk, j, gs, r);
-                for (int e = 0; e < 32; e++)
-                    put_unit_code(type, gs + nq_group_scales(type), r, e,
-                                  get_split(blk, place(type, j, e), nq_low_bits(type), nq_high_bits(type)));
+                codes_to_unit<type>(blk, j, gs + nq_group_scales(type), r);
             }
+        }
+    }
+}
+
+}  // namespace
+
+// raw (N, bytes per row) file blocks -> tiles of 8 rows (zero rows past N), the tiles shared out
+// among the threads.
+void repack(int type, const uint8_t* raw, int64_t N, int64_t K, uint8_t* out) {
+    const int64_t tiles = (N + NQ_TILE - 1) / NQ_TILE;
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < tiles; t++) {
+        switch (type) {
+#define NQ_REPACK_CASE(T) case T: repack_tiles<T>(raw, N, K, out, t, t + 1); break;
+        NQ_REPACK_CASE(NQ_Q4_0) NQ_REPACK_CASE(NQ_Q4_1) NQ_REPACK_CASE(NQ_Q5_0) NQ_REPACK_CASE(NQ_Q5_1)
+        NQ_REPACK_CASE(NQ_Q8_0) NQ_REPACK_CASE(NQ_Q2_K) NQ_REPACK_CASE(NQ_Q3_K) NQ_REPACK_CASE(NQ_Q4_K)
+        NQ_REPACK_CASE(NQ_Q5_K) NQ_REPACK_CASE(NQ_Q6_K) NQ_REPACK_CASE(NQ_IQ4_NL) NQ_REPACK_CASE(NQ_IQ4_XS)
+        NQ_REPACK_CASE(NQ_MXFP4)
+#undef NQ_REPACK_CASE
         }
     }
 }
