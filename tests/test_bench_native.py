@@ -51,10 +51,12 @@ def test_a_comparison_alternates_the_engines_on_a_real_gguf(tmp_path, written_gg
     _, path = written_gguf("qwen2", "Q8_0")
     fake_llama_bench(tmp_path, tg=50.0, pp=400.0)
     report = compare(str(path), tmp_path, threads=1, prompt=16, new=4, rounds=2)
-    decode, prefill = (next(line for line in report.splitlines() if line.startswith(w)) for w in ("decode", "prefill"))
-    assert "tg4" in decode and "50.0 (50.0-50.0)" in decode and "pp16" in prefill and "400.0 (400.0-400.0)" in prefill
-    ours = float(decode.split()[3])  # nexttok's median, measured: more than nothing
-    assert ours > 0
+    decode, sampled, prefill = (next(line for line in report.splitlines() if line.startswith(w))
+                                for w in ("decode tg4 greedy", "decode tg4 sampled", "prefill"))
+    assert "50.0 (50.0-50.0)" in decode and "50.0 (50.0-50.0)" in sampled  # both against the one tg
+    assert "pp16" in prefill and "400.0 (400.0-400.0)" in prefill
+    assert float(decode.split()[3]) > 0 and float(sampled.split()[3]) > 0  # nexttok's medians, measured
+    assert "llama.cpp's default sampling (top-k 40, top-p 0.95, min-p 0.05, temperature 0.8)" in report
     assert len((tmp_path / "calls").read_text().splitlines()) == 3  # a warm-up and one run per round
 
 

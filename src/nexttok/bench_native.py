@@ -2,9 +2,11 @@
 
 llama-bench is llama.cpp's C++ benchmark (built by ../shared/tools/build-llama-cpp.sh, or any build
 named by --llama-cpp-bin or $NEXTTOK_LLAMA_CPP_BIN): `tg N` decodes N tokens one at a time, `pp N`
-prefills an N-token prompt. nexttok's side is what `nexttok run` does: greedy decode through
-generate() (the sampler, stop rules and detokenizing included) and the prompt's prefill as run and
-the server chunk it. The model stays loaded in one child process; each round runs both engines, the
+prefills an N-token prompt. nexttok's side is what `nexttok run` does: decode through generate()
+(the sampler, stop rules and detokenizing included), greedy and with llama.cpp's default sampling
+(top-k 40, top-p 0.95, min-p 0.05, temperature 0.8: what llama-cli and llama-server sample with
+unless told otherwise; both rows are set against the same tg, which samples nothing), and the
+prompt's prefill as run and the server chunk it. The model stays loaded in one child process; each round runs both engines, the
 first of them alternating, so a host whose speed swings shows as a range of ratios rather than as a
 wrong one. Every figure is a median over the rounds with its range.
 """
@@ -21,6 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REFERENCE_BUILDS = Path.home() / ".cache" / "nexttok-ref" / "llama.cpp"  # where build-llama-cpp.sh puts them
+# llama.cpp's default sampler chain (common/common.h's common_params_sampling); its penalties, DRY,
+# typical-p, top-n-sigma and XTC are off by default, as ours are
+LLAMA_CPP_SAMPLING = {"top_k": 40, "top_p": 0.95, "min_p": 0.05, "temperature": 0.8}
+METRICS = ("decode_tps", "sampled_tps", "prefill_tps")
 
 
 def llama_cpp_bin(given: str | None = None) -> Path | None:
@@ -80,16 +86,20 @@ def _worker(source: str, threads: int, prompt: int, new: int, conn) -> None:
     start_ids = random_prompt(1, model.config.vocab_size)[0].tolist()  # llama-bench's tg starts from one token too
     long = random_prompt(prompt, model.config.vocab_size, seed=1)[0].tolist()
 
-    def decode(n: int) -> float:
-        return decode_rate(model, tokenizer, start_ids, n, SamplingParams(temperature=0))[0]
+    def decode(n: int, params: SamplingParams) -> float:
+        return decode_rate(model, tokenizer, start_ids, n, params)[0]
 
-    decode(8)  # warm-up
+    decode(8, SamplingParams(temperature=0))  # warm-up
     prefill_prompt(model, long)
     conn.send("ready")
+    seed = 0
     while conn.recv() == "round":
         start = time.perf_counter()
         prefill_prompt(model, long)
-        conn.send({"prefill_tps": prompt / (time.perf_counter() - start), "decode_tps": decode(new)})
+        prefill_tps = prompt / (time.perf_counter() - start)
+        seed += 1
+        conn.send({"prefill_tps": prefill_tps, "decode_tps": decode(new, SamplingParams(temperature=0)),
+                   "sampled_tps": decode(new, SamplingParams(**LLAMA_CPP_SAMPLING, seed=seed))})
 
 
 def compare(model: str, binary: Path, *, threads: int = 2, prompt: int = 512, new: int = 128, rounds: int = 5) -> str:
@@ -104,15 +114,16 @@ def compare(model: str, binary: Path, *, threads: int = 2, prompt: int = 512, ne
         if not parent.poll(600) or parent.recv() != "ready":
             raise RuntimeError("nexttok's process did not load the model")
         llama_bench(binary, model, threads, prompt, 8)  # warm-up: the file into the page cache
-        ours: dict[str, list[float]] = {"decode_tps": [], "prefill_tps": []}
-        theirs: dict[str, list[float]] = {"decode_tps": [], "prefill_tps": []}
+        ours: dict[str, list[float]] = {key: [] for key in METRICS}
+        theirs: dict[str, list[float]] = {key: [] for key in METRICS}
         for r in range(rounds):
             for engine in (("nexttok", "llama.cpp") if r % 2 == 0 else ("llama.cpp", "nexttok")):
                 if engine == "nexttok":
                     parent.send("round")
                     got = parent.recv()
                 else:
-                    got = llama_bench(binary, model, threads, prompt, new)
+                    tg_pp = llama_bench(binary, model, threads, prompt, new)
+                    got = {**tg_pp, "sampled_tps": tg_pp["decode_tps"]}
                 for key in ours:
                     (ours if engine == "nexttok" else theirs)[key].append(got[key])
         parent.send("stop")
@@ -124,6 +135,9 @@ def compare(model: str, binary: Path, *, threads: int = 2, prompt: int = 512, ne
     return "\n".join([
         f"nexttok vs llama.cpp's llama-bench ({binary}) on {model}, {threads} threads, {rounds} rounds "
         "alternating which runs first; medians (range)", header,
-        Rounds(ours["decode_tps"], theirs["decode_tps"]).line(f"decode tg{new} (greedy)"),
+        Rounds(ours["decode_tps"], theirs["decode_tps"]).line(f"decode tg{new} greedy"),
+        Rounds(ours["sampled_tps"], theirs["sampled_tps"]).line(f"decode tg{new} sampled"),
         Rounds(ours["prefill_tps"], theirs["prefill_tps"]).line(f"prefill pp{prompt}"),
+        "sampled: nexttok with llama.cpp's default sampling (top-k 40, top-p 0.95, min-p 0.05, temperature 0.8) "
+        "against the same tg, which samples nothing",
     ])
