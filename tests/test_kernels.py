@@ -66,6 +66,33 @@ def quantized(x: torch.Tensor) -> torch.Tensor:
     return (q.double() * (amax / 127).double()).view(x.shape).double()
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize(("m", "k", "mode"), [(1, 8960, kernels.SILU_MUL), (3, 576, kernels.PLAIN),
+                                              (17, 1536, kernels.GELU_TANH_MUL), (1, 32, kernels.PLAIN)])
+def test_every_isa_quantizes_to_the_reference_bits(isa, m, k, mode):
+    """AVX2's vector quantize (and a long row shared out among threads in pieces) gives the integers,
+    scales and sums of the reference steps bit for bit, ties to even and an all-zero group included."""
+    x = torch.randn(m, k * (1 if mode == kernels.PLAIN else 2), generator=torch.Generator().manual_seed(k)) * 3
+    x[0, :32] = 0
+    if mode == kernels.PLAIN and k >= 64:
+        x[0, 32:64] = torch.tensor([127.0, 0.5, -0.5, 1.5, 2.5, -2.5, 3.5, 0.0] * 4)  # q = x: halves round to even
+    act = kernels.quantize(x, isa, mode)
+    gated = x if mode == kernels.PLAIN else (F.silu(x[:, :k]) if mode == kernels.SILU_MUL
+                                             else F.gelu(x[:, :k], approximate="tanh")) * x[:, k:]
+    groups = gated.view(m, -1, 32)
+    amax = groups.abs().amax(-1)
+    q = torch.round(groups * torch.where(amax > 0, 127 / amax, 0).unsqueeze(-1))
+    exact = mode == kernels.PLAIN  # the gated values are act(gate)·up in C++'s own exp/tanh: within a step of 8 bits
+    assert (act.q.view(m, -1, 32).float() - q).abs().max() <= (0 if exact else 1)
+    assert torch.equal(act.s.view(m, -1, 2), act.q.view(m, -1, 2, 16).sum(-1, dtype=torch.int16))
+    if exact:
+        assert torch.equal(act.d, amax / 127)
+    if isa > 0:  # the portable path's own bits
+        portable = kernels.quantize(x, 0, mode)
+        assert all(torch.equal(a, b) for a, b in zip((act.q, act.d, act.s, act.ds),
+                                                     (portable.q, portable.d, portable.s, portable.ds), strict=True))
+
+
 SHAPES = [(8, 256), (13, 512), (1, 256), (21, 768)]  # rows (some not a multiple of the 8-row tile), k
 
 
