@@ -6,9 +6,10 @@ prefills an N-token prompt. nexttok's side is what `nexttok run` does: decode th
 (the sampler, stop rules and detokenizing included), greedy and with llama.cpp's default sampling
 (top-k 40, top-p 0.95, min-p 0.05, temperature 0.8: what llama-cli and llama-server sample with
 unless told otherwise; both rows are set against the same tg, which samples nothing), and the
-prompt's prefill as run and the server chunk it. The model stays loaded in one child process; each round runs both engines, the
-first of them alternating, so a host whose speed swings shows as a range of ratios rather than as a
-wrong one. Every figure is a median over the rounds with its range.
+prompt's prefill as run and the server chunk it. The model stays loaded in one child process;
+each round runs both engines, the first of them alternating, so a host whose speed swings shows as
+a range of ratios rather than as a wrong one. Every figure is a median over the rounds with its
+range.
 """
 
 from __future__ import annotations
@@ -23,9 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REFERENCE_BUILDS = Path.home() / ".cache" / "nexttok-ref" / "llama.cpp"  # where build-llama-cpp.sh puts them
-# llama.cpp's default sampler chain (common/common.h's common_params_sampling); its penalties, DRY,
-# typical-p, top-n-sigma and XTC are off by default, as ours are
-LLAMA_CPP_SAMPLING = {"top_k": 40, "top_p": 0.95, "min_p": 0.05, "temperature": 0.8}
 METRICS = ("decode_tps", "sampled_tps", "prefill_tps")
 
 
@@ -78,6 +76,7 @@ def _worker(source: str, threads: int, prompt: int, new: int, conn) -> None:
 
     from nexttok.benchmark import decode_rate, prefill_prompt, random_prompt
     from nexttok.checkpoints.loading import load_checkpoint
+    from nexttok.generation.parameters import LLAMA_CPP_SAMPLING
     from nexttok.generation.sampling import SamplingParams
 
     torch.set_num_threads(threads)
