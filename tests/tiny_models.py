@@ -168,6 +168,10 @@ SPECS = {
 VARIANTS = {
     "qwen3_next_gguf": ("Qwen3NextConfig", dict(SPECS["qwen3_next"][1], linear_value_head_dim=16, mlp_only_layers=[])),
     "qwen3_5_gguf": ("Qwen3_5TextConfig", dict(SPECS["qwen3_5"][1], linear_value_head_dim=16)),
+    # "gemma4" with its KV-shared layers taking keys where llama.cpp's gemma4 gives them (the sliding one
+    # the layer before the last unshared one, as in gemma-4-E2B): its layers 1 and 2 swapped
+    "gemma4_gguf": ("Gemma4TextConfig", dict(SPECS["gemma4"][1], layer_types=[
+        "sliding_attention", "sliding_attention", "full_attention", "sliding_attention", "full_attention"])),
 }
 # Gemma 4's router reports probabilities (not logits) and scales its weights per expert: tests/test_gemma4.py
 MOE = [name for name in SPECS if any(family in name for family in ("moe", "mixtral", "gpt_oss", "qwen3_next"))

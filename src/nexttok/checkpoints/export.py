@@ -7,13 +7,14 @@ checkpoint it came from. The reverse direction, GGUF → HF, is convert.py's.
 The model is loaded by our own loader (the family's renames and transforms applied, float32), then
 written back out by the family's registry entry (models/registry.py): GGUFLayout.metadata gives the
 metadata keys (the inverse of GGUFLayout.config), GGUFLayout.tensors the names; fused projections
-are split into their parts again, stacked experts into llama.cpp's three 3-D tensors, the q/k
-rows (and biases) of Llama-style families interleaved as llama.cpp's converter does, Gemma's norms
-plus 1 (Qwen3-Next's too, its A_log as -exp(A_log), Qwen3.5's value heads tiled: GGUFLayout.values,
-.rearrange). Matrices are written in `kind` (F32, F16, BF16, or a block type the `gguf` package
-quantizes: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4) where their rows are whole blocks, as llama.cpp's
-converter does, and in F32 where not; norms, biases, sinks and the routers stay F32. The
-tokenizer must be byte-level BPE.
+are split into their parts again, stacked experts into llama.cpp's three 3-D tensors (two where the
+layout keeps gate and up together: Gemma 4's), the q/k rows (and biases) of Llama-style families
+interleaved as llama.cpp's converter does, Gemma's norms plus 1 (Qwen3-Next's too, its A_log as
+-exp(A_log), Qwen3.5's value heads tiled: GGUFLayout.values, .rearrange), and the tensors llama.cpp
+derives from the config added (Gemma 4's rope_freqs: .derived). Matrices are written in `kind` (F32,
+F16, BF16, or a block type the `gguf` package quantizes: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4) where
+their rows are whole blocks, as llama.cpp's converter does, and in F32 where not; norms, biases,
+sinks and the routers stay F32. The tokenizer must be byte-level BPE.
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ def write_gguf(directory: str | Path, out: str | Path, kind: str = "F32") -> Pat
     _write_tokenizer(writer, tokenizer, directory, config)
     for name, array in gguf_tensors(model, layout):
         _write_tensor(writer, name, array, kind)
+    for name, derive in layout.derived.items():  # what llama.cpp's file holds beside the checkpoint's
+        _write_tensor(writer, name, np.asarray(derive(config), dtype=np.float32), kind)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -78,7 +81,8 @@ def gguf_tensors(model: torch.nn.Module, layout: GGUFLayout) -> Iterator[tuple[s
     """(llama.cpp's name, float32 array) of every weight of a loaded model, in the layout's names."""
     names = {ours: theirs for theirs, ours in layout.tensors.items()}
     tied = model.config.tie_word_embeddings
-    for ours, value in _checkpoint_tensors(model):
+    whole = any(ours.endswith("experts.gate_up_proj") for ours in names)  # gemma4's ffn_gate_up_exps: kept whole
+    for ours, value in _checkpoint_tensors(model, whole):
         if tied and ours == "lm_head.weight":
             continue
         value = value.detach().float()
@@ -94,9 +98,10 @@ def gguf_tensors(model: torch.nn.Module, layout: GGUFLayout) -> Iterator[tuple[s
         yield _gguf_name(ours, names, layout), np.ascontiguousarray(array)
 
 
-def _checkpoint_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def _checkpoint_tensors(model: torch.nn.Module, whole_experts: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
     """(our checkpoint name, tensor) of every parameter, fused projections split into their parts and
-    stacked experts into their three 3-D tensors (mlp.experts.gate_proj.weight: (E, inner, hidden))."""
+    stacked experts into their three 3-D tensors (mlp.experts.gate_proj.weight: (E, inner, hidden)), or
+    whole_experts: kept as they are, gate and up together (experts.gate_up_proj: (E, 2 inner, hidden))."""
     for name, value in model.state_dict().items():
         module_name, leaf = name.rsplit(".", 1)
         module = model.get_submodule(module_name)
@@ -106,7 +111,9 @@ def _checkpoint_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Ten
                            strict=True)
         elif hasattr(module, "checkpoint_parts"):  # moe.Experts
             base = _prefixed(model, module_name)
-            if leaf.startswith("gate_up_proj"):
+            if whole_experts:
+                yield _prefixed(model, name), value
+            elif leaf.startswith("gate_up_proj"):
                 gate, up = value.chunk(2, dim=1)
                 kind = "bias" if leaf.endswith("bias") else "weight"
                 yield from ((f"{base}.gate_proj.{kind}", gate), (f"{base}.up_proj.{kind}", up))

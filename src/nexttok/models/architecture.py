@@ -21,6 +21,8 @@ class GGUFMeta:
     values: Mapping
     tensor_names: frozenset[str]
     tokens: list[str]
+    # the values of the file's tensors that the layout derives from the config (GGUFLayout.derived)
+    vectors: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
 
     @property
     def arch(self) -> str:
@@ -85,6 +87,10 @@ class GGUFLayout:
     hf_class: str = ""  # config.json's "architectures" entry for a checkpoint converted from the file
     metadata: Callable[[ModelConfig], dict] | None = None  # config -> "<arch>." keys: how checkpoints/export.py
     # writes the family (config's inverse); None where nexttok writes no GGUF of it
+    # llama.cpp's name -> (config -> float32 array): tensors its files hold that the checkpoint does not,
+    # derived from the config (gemma4's rope_freqs: the full layers' RoPE); the reader gives their values
+    # to `config` (GGUFMeta.vectors) and loads no weight from them, the exporter writes them
+    derived: Mapping[str, Callable[[ModelConfig], object]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,8 @@ What differs from Gemma 3 (gemma3.py):
 
 The KV cache holds each layer's shape (cache.KVCache shapes, from config.cache_shapes()); a
 KV-shared layer borrows, within the forward call, the keys and values its source layer attended
-over (cached and new), which is what HF transformers does too.
+over (cached and new), which is what HF transformers does too. llama.cpp's GGUF layout of it:
+gemma4_gguf.py.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nexttok.models import gemma3, kernels, moe
-from nexttok.models.architecture import Architecture
+from nexttok.models import gemma3, gemma4_gguf, kernels, moe
+from nexttok.models.architecture import Architecture, GGUFLayout
 from nexttok.models.attention import attend
 from nexttok.models.config import ConfigError, ModelConfig, check_act
 from nexttok.models.decoder import empty_embedding
@@ -343,7 +344,12 @@ def unused(name: str, num_hidden_layers: int) -> bool:
     return name.startswith(TOWERS) or SHARED_KV.search(name) is not None
 
 
+# llama.cpp's gemma4 (gemma4_gguf.py); the multimodal checkpoint's text part is written as one too, and
+# a file reads back as the text model
+GGUF = GGUFLayout("gemma4", gemma4_gguf.gguf_config, gemma4_gguf.GGUF_TENSORS, hf_class="Gemma4ForCausalLM",
+                  metadata=gemma4_gguf.gguf_metadata, derived=gemma4_gguf.DERIVED)
+
 ARCHITECTURES = (
-    Architecture("gemma4_text", Gemma4, fields, unused=unused),
-    Architecture("gemma4", Gemma4, fields, renames=RENAMES, unused=unused, text_config=True),
+    Architecture("gemma4_text", Gemma4, fields, GGUF, unused=unused),
+    Architecture("gemma4", Gemma4, fields, GGUF, renames=RENAMES, unused=unused, text_config=True),
 )

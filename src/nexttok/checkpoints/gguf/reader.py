@@ -18,6 +18,7 @@ gguf_metadata.py checks the file is whole and caches what was parsed); the mappi
 
 from __future__ import annotations
 
+import dataclasses
 import mmap
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -69,6 +70,8 @@ class GGUFFile:
         layers = self.config.get("num_hidden_layers", self.config.get("n_layer"))
         for entry in self.entries:
             if _block(entry.name) >= layers:  # blocks past the model's (GLM's next-token prediction): unread
+                continue
+            if entry.name in layout.derived:  # the config has read it (gemma4's rope_freqs): no weight
                 continue
             name, kind, raw = _our_name(entry.name, layout), entry.kind, _raw(data, entry)
             place = (mapping, entry.offset)
@@ -155,7 +158,7 @@ def read_gguf(path: str | Path, index_dir: Path | None = None) -> GGUFFile:
     if not entries:  # llama.cpp ships tokenizer-only files (ggml-vocab-*.gguf) for its tests
         kind = " (a vocabulary-only file)" if "tokenizer.ggml.tokens" in meta else ""
         raise GGUFError(f"{path} holds no weights{kind}")
-    config = hf_config(meta, {e.name for e in entries})
+    config = hf_config(meta, {e.name for e in entries}, derived_values(path, meta, entries))
     tokenizer, tokenizer_config = hf_tokenizer(meta)
     return GGUFFile(path, config, tokenizer, tokenizer_config, entries)
 
@@ -166,8 +169,28 @@ def read_gguf_tokenizer(path: str | Path, index_dir: Path | None = None) -> tupl
     return hf_tokenizer(read_metadata(Path(path), index_dir)[0])
 
 
-def hf_config(meta: dict, tensor_names: set[str]) -> dict:
-    """HF config.json for the GGUF's metadata (the family's own keys from its registry entry)."""
+def derived_values(path: Path, meta: dict, entries: list[TensorEntry]) -> dict[str, tuple[float, ...]]:
+    """The values of the file's tensors its layout derives from the config (GGUFLayout.derived:
+    gemma4's rope_freqs), which the config is read from; {} for an architecture we do not know
+    (hf_config names it)."""
+    import numpy as np
+
+    try:
+        derived = gguf_architecture(meta.get("general.architecture")).gguf.derived
+    except ConfigError:
+        return {}
+    out = {}
+    with open(path, "rb") as f:
+        for entry in (e for e in entries if e.name in derived):
+            f.seek(entry.offset)
+            raw = _raw(np.frombuffer(f.read(entry.n_bytes), dtype=np.uint8), dataclasses.replace(entry, offset=0))
+            out[entry.name] = tuple(_floats(raw, entry).reshape(-1).tolist())
+    return out
+
+
+def hf_config(meta: dict, tensor_names: set[str], vectors: dict | None = None) -> dict:
+    """HF config.json for the GGUF's metadata (the family's own keys from its registry entry);
+    vectors: derived_values."""
     try:
         entry = gguf_architecture(meta.get("general.architecture"))
         tokens = vocabulary(meta)
@@ -178,7 +201,7 @@ def hf_config(meta: dict, tensor_names: set[str]) -> dict:
             "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
             "torch_dtype": "float32",
         }
-        config = {**common, **entry.gguf.config(GGUFMeta(meta, frozenset(tensor_names), tokens))}
+        config = {**common, **entry.gguf.config(GGUFMeta(meta, frozenset(tensor_names), tokens, vectors or {}))}
         model_type = config.setdefault("model_type", entry.model_type)  # a family may say (llama's file of Mixtral)
         return {"architectures": [architecture(model_type).gguf.hf_class], **config}
     except ConfigError as e:

@@ -43,6 +43,7 @@ from nexttok.models.config import CheckpointError, ModelConfig
 from nexttok.models.fused import fused_parts
 from nexttok.models.moe import Experts
 from nexttok.models.quant import ACTIVATION, BITS, Int4Linear, Q8Embedding, int8_rows, quantized_linear
+from nexttok.models.registry import architecture
 
 FLOAT_KINDS = ("F32", "F16", "BF16")
 
@@ -68,15 +69,18 @@ def gguf_model(gguf: GGUFFile, config: ModelConfig, dtype: str | None, device: t
             _check_rows(name, parts, module)
             bias = _bias(model, tensors, name, module, floats, device)
             model.set_submodule(name, _linear(parts, bias, as_shipped, isa, dtype, floats, device))
-    for name, param in list(model.named_parameters()):
-        if param.is_meta:
+    saved = model.state_dict(keep_vars=True)  # the buffers a checkpoint holds (Gemma 4's layer_scalar) too
+    for name, tensor in [*model.named_parameters(), *((n, b) for n, b in model.named_buffers() if n in saved)]:
+        if tensor.is_meta:
             value = _dense(_take(model, tensors, name), floats, device)
-            _check_shape(name, value, param)
+            _check_shape(name, value, tensor)
             owner, leaf = name.rsplit(".", 1)
-            setattr(model.get_submodule(owner), leaf, nn.Parameter(value, requires_grad=False))
-    if tensors:
-        raise CheckpointError(f"GGUF has {len(tensors)} tensors this architecture does not use: "
-                              f"{', '.join(sorted(tensors)[:5])}")
+            is_param = isinstance(tensor, nn.Parameter)
+            setattr(model.get_submodule(owner), leaf, nn.Parameter(value, requires_grad=False) if is_param else value)
+    unread = architecture(config.model_type).unused  # left unread on purpose (Gemma 4's KV-shared layers' keys)
+    left = sorted(n for n in tensors if unread is None or not unread(n, config.num_hidden_layers))
+    if left:
+        raise CheckpointError(f"GGUF has {len(left)} tensors this architecture does not use: {', '.join(left[:5])}")
     if not embedding_kept:
         model.tie_weights()
     model.init_buffers()
@@ -194,27 +198,31 @@ def _tiled(parts: list[GGUFTensor], k: int) -> list[kernels.Tiled]:
 def _experts(model: nn.Module, tensors: dict[str, GGUFTensor], name: str, module: Experts, isa: int | None,
              floats: torch.dtype, device: torch.device) -> nn.Module:
     """A mixture of experts' weights from the file's three 3-D tensors (ffn_gate_exps, ffn_up_exps,
-    ffn_down_exps: E experts' rows one after another): kept in their blocks (BlockExperts) where the
-    kernels run them, else dequantized into the float module's stacked parameters."""
+    ffn_down_exps: E experts' rows one after another; or two, gate and up in one ffn_gate_up_exps, each
+    expert's gate rows then its up rows, as llama.cpp's gemma4): kept in their blocks (BlockExperts)
+    where the kernels run them, else dequantized into the float module's stacked parameters."""
     e, inner, hidden = module.num_experts, module.inner, module.down_proj.shape[1]
-    parts = {p: _take(model, tensors, f"{name}.{p}.weight") for p in ("gate_proj", "up_proj", "down_proj")}
-    wants = {"gate_proj": (e, inner, hidden), "up_proj": (e, inner, hidden), "down_proj": (e, hidden, inner)}
-    for p, want in wants.items():
-        if parts[p].shape != want:
-            raise CheckpointError(f"GGUF tensor {parts[p].name!r} has shape {parts[p].shape}, expected {want}")
+    fused = any(key in tensors for key in checkpoint_keys(model, f"{name}.gate_up_proj"))  # the parameter itself
+    names = ("gate_up_proj", "down_proj") if fused else ("gate_proj", "up_proj", "down_proj")
+    parts = {p: _take(model, tensors, f"{name}.{p}" if fused else f"{name}.{p}.weight") for p in names}
+    wants = {"gate_proj": (e, inner, hidden), "up_proj": (e, inner, hidden), "down_proj": (e, hidden, inner),
+             "gate_up_proj": (e, 2 * inner, hidden)}
+    for p in names:
+        if parts[p].shape != wants[p]:
+            raise CheckpointError(f"GGUF tensor {parts[p].name!r} has shape {parts[p].shape}, expected {wants[p]}")
     biases = None
     if module.gate_up_proj_bias is not None:
         biases = [_dense(_take(model, tensors, f"{name}.{p}.bias"), torch.float32, device)
                   for p in ("gate_proj", "up_proj", "down_proj")]
     gate_up_bias, down_bias = (None, None) if biases is None else (torch.cat(biases[:2], dim=1), biases[2])
     blocks = isa is not None and all(fits(t.kind, t.shape[-1]) for t in parts.values()) and inner % kernels.TILE == 0 \
-        and hidden % kernels.TILE == 0
+        and hidden % kernels.TILE == 0 and not fused and module.activation[0] in BlockExperts.MODES
     if blocks:
         gate_up = [_tiled([parts[p]], hidden)[0] for p in ("gate_proj", "up_proj")]  # each expert's rows in place
         (down,) = _tiled([parts["down_proj"]], inner)
         return BlockExperts(gate_up, [down], e, isa, module.activation, gate_up_bias, down_bias)
-    module.gate_up_proj = nn.Parameter(torch.cat([_dense(parts[p], floats, device) for p in ("gate_proj", "up_proj")],
-                                                 dim=1), requires_grad=False)  # (E, 2 inner, hidden)
+    module.gate_up_proj = nn.Parameter(torch.cat([_dense(parts[p], floats, device) for p in names[:-1]], dim=1),
+                                       requires_grad=False)  # (E, 2 inner, hidden)
     module.down_proj = nn.Parameter(_dense(parts["down_proj"], floats, device), requires_grad=False)
     if biases is not None:
         module.gate_up_proj_bias = nn.Parameter(gate_up_bias.to(floats), requires_grad=False)
