@@ -64,6 +64,7 @@ def test_not_utf8(tmp_path):
     ({"model__type": "WordPiece"}, "model type 'WordPiece' is not supported"),
     ({"model__continuing_subword_prefix": "##"}, "continuing_subword_prefix"),
     ({"model__dropout": 0.1}, "dropout"),
+    ({"model__whole_words": "("}, "BPE whole_words '\\(' is not a regex"),
     ({"model__vocab": {}}, "vocab must be a non-empty object"),
     ({"model__vocab": {"a": -1}}, "vocab entry 'a' has id -1"),
     ({"model__vocab": {"a": "x"}}, "vocab entry 'a' has id 'x'"),

@@ -181,10 +181,24 @@ def tokenizer_from_json(data, where: str = "tokenizer.json") -> Tokenizer:
         pre_tokenizer=pre_tokenizer,
         normalizer=normalizer,
         ignore_merges=bool(model.get("ignore_merges", False)),
+        whole_words=_whole_words(model, where),
         template=_template_from_json(data.get("post_processor")),
         symbols=Symbols(is_byte_level, bool(model.get("byte_fallback")), unk, bool(model.get("fuse_unk"))),
         decoder=decoder,
     )
+
+
+def _whole_words(model: dict, where: str) -> str | None:
+    """nexttok's own BPE key "whole_words" (no HF file has it; the GGUF reader writes it): a regex, the
+    words matching it whole that are tokens skip the merges (see Tokenizer)."""
+    pattern = model.get("whole_words")
+    if pattern is None:
+        return None
+    try:
+        regex.compile(pattern)
+    except (regex.error, TypeError) as e:
+        raise TokenizerError(f"{where}: BPE whole_words {pattern!r} is not a regex: {e}") from None
+    return pattern
 
 
 def _added_tokens(data: dict, where: str) -> list[AddedToken]:

@@ -162,6 +162,7 @@ class Tokenizer:
         pre_tokenizer: PreTokenizer | None = None,
         normalizer: Callable[[str], str] | None = None,
         ignore_merges: bool = False,
+        whole_words: str | None = None,
         template: tuple[list[int], list[int]] = ([], []),
         symbols: Symbols | None = None,
         decoder: Decoder | None = None,
@@ -179,6 +180,9 @@ class Tokenizer:
         self.pre_tokenizer = pre_tokenizer or (byte_level() if self.symbols.byte_level else None)
         self.normalizer = normalizer
         self.ignore_merges = ignore_merges
+        # a word matching this whole that is a token is that token, unmerged: HF's ignore_merges for some
+        # words only (llama.cpp's gemma4 so keeps a run of newlines, "\n+", whole: its PR 21343)
+        self._whole_word = regex.compile(whole_words).fullmatch if whole_words else None
         self.template = template
         self.decoder = decoder or BYTE_LEVEL_DECODER
         self._check_merges()
@@ -330,7 +334,7 @@ class Tokenizer:
         With GPT-2's merges: _bpe("Ġhello") -> [23748]
         """
         vocab = self.vocab
-        if self.ignore_merges and word in vocab:
+        if (self.ignore_merges or (self._whole_word is not None and self._whole_word(word))) and word in vocab:
             return [vocab[word]]
         return [vocab[p] for p in merge(self._symbols(word), self.merge_ranks)]
 
