@@ -1,10 +1,13 @@
 """SentencePiece vocabularies in GGUF files (tokenizer.ggml.model "llama": tokens, scores, token
 types, no merges) against three references: transformers' own GGUF tokenizer loader (HF tokenizers
 underneath), the sentencepiece library on a model it trained, and llama.cpp's tokenizer test
-vectors for the real Llama 2 and Phi-3 vocabularies (where those files are present)."""
+vectors for the real Llama 2 and Phi-3 vocabularies (where those files are present); and the
+other kinds llama.cpp's vectors cover: byte-level BPE (Llama 3, Qwen2, GPT-2) and Gemma 4's
+"gemma4" (BPE over "▁" text)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -13,13 +16,16 @@ import pytest
 
 from corpus import SPECIAL_TOKENS, chunks, corpus
 from nexttok.checkpoints.gguf.metadata import GGUFError
-from nexttok.checkpoints.gguf.reader import read_gguf_tokenizer
-from nexttok.checkpoints.gguf.tokenizer import hf_tokenizer, merges_from_scores
+from nexttok.checkpoints.gguf.reader import read_gguf_tokenizer, read_metadata
+from nexttok.checkpoints.gguf.tokenizer import GEMMA4_END_TOKENS, hf_tokenizer, merges_from_scores, split_merges
 from nexttok.checkpoints.sources import load_tokenizer
+from nexttok.home import cache_home
+from nexttok.models.architecture import GGUFMeta
+from nexttok.models.gemma4_gguf import END_TOKENS, end_of_generation
 from nexttok.tokenizers.from_json import tokenizer_from_json
 
 SPACE = "\u2581"
-NORMAL, UNKNOWN, CONTROL, BYTE = 1, 2, 3, 6
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE = 1, 2, 3, 4, 6
 # llama.cpp's models/ folder (ggml-vocab-*.gguf + .inp/.out), e.g. from the llama-cpp-python sdist:
 #   pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36; tar xzf ... '*/models/ggml-vocab-*'
 LLAMA_CPP_VOCABS = os.environ.get("NEXTTOK_LLAMA_CPP_VOCABS") or str(
@@ -122,6 +128,7 @@ def test_gemma_file_conventions():
     ({"tokenizer.ggml.scores": None}, "needs tokenizer.ggml.scores"),
     ({"tokenizer.ggml.token_type": [1]}, "1 token types for 3 tokens"),
     ({"tokenizer.ggml.bos_token_id": 7}, "bos token id 7 is outside the 3-token vocabulary"),
+    ({"tokenizer.ggml.model": "gemma4"}, "gemma4 vocabulary needs tokenizer.ggml.merges"),
 ])
 def test_bad_metadata(meta, message):
     base = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["a", "b", "ab"],
@@ -167,15 +174,67 @@ def _llama_cpp_vocab(name: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("name", ["llama-spm", "phi-3", "llama-bpe", "qwen2", "gpt-2"])
-def test_llama_cpp_test_vectors(name):
+@functools.cache
+def _llama_cpp_tokenizer(name: str):
+    return load_tokenizer(_llama_cpp_vocab(name))  # Gemma 4's 262k tokens and 515k merges: ~15 s, read once
+
+
+def _llama_cpp_cases(name: str) -> list[tuple[str, list[int]]]:
+    """llama.cpp's test vectors: (text, the ids its test-tokenizer-0 gives, no BOS, special tokens as text)."""
     path = _llama_cpp_vocab(name)
     inputs = path.with_suffix(".gguf.inp").read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
     outputs = path.with_suffix(".gguf.out").read_text(encoding="utf-8").split("\n")
-    ours = load_tokenizer(path)
-    assert len(inputs) > 40
-    for text, expected in zip(inputs, outputs, strict=False):
-        assert ours.encode(text) == [int(i) for i in expected.split()], repr(text)
+    return [(text, [int(i) for i in expected.split()]) for text, expected in zip(inputs, outputs, strict=False)]
+
+
+@pytest.mark.parametrize("name", ["llama-spm", "phi-3", "llama-bpe", "qwen2", "gpt-2", "gemma-4"])
+def test_llama_cpp_test_vectors(name):
+    cases, ours = _llama_cpp_cases(name), _llama_cpp_tokenizer(name)
+    assert len(cases) > 40
+    for text, expected in cases:
+        assert ours.encode(text) == expected, repr(text)
+
+
+def test_gemma4_vocab_as_llama_cpp_runs_it():
+    """Gemma 4's vocabulary: BOS added (the file says so; llama.cpp adds it whatever a gemma4 file says,
+    see test_gemma4_conventions), every vector's ids decode to its text as llama.cpp's token pieces do (what
+    its server sends; its llama_detokenize would also drop the space of two vectors' " ?"), and generation
+    stops at llama.cpp's end-of-generation tokens, as its vocab_only load of this file lists them: 1, 50, 106."""
+    ours = _llama_cpp_tokenizer("gemma-4")
+    assert ours.encode("Hello world", add_special=True) == [2, 9259, 1902]
+    for text, expected in _llama_cpp_cases("gemma-4"):
+        assert ours.decode(expected) == text
+    assert ours.decode([2, 105, 9259, 106, 1], skip_special=True) == "Hello"
+    meta = read_metadata(_llama_cpp_vocab("gemma-4"), cache_home() / "gguf")[0]  # the index load_tokenizer wrote
+    assert sorted(end_of_generation(GGUFMeta(meta, frozenset(), meta["tokenizer.ggml.tokens"]))) == [1, 50, 106]
+    assert GEMMA4_END_TOKENS == END_TOKENS  # what the tokenizer makes control tokens, the model stops at
+
+
+def test_gemma4_conventions():
+    """A tiny "gemma4" vocabulary, each id as llama.cpp's own tokenizer gives it (libllama, vocab_only):
+    a run of newlines that is a token is that token whatever the merges (llama.cpp's PR 21343), other words
+    are merged (no ignore_merges), spaces are "▁" with no prefix, a character no token holds is its bytes'
+    <0xNN>, BOS comes first though the file says add_bos_token false (PR 21500), and <|tool_response>, a
+    user-defined token made an end-of-generation one, is a control token."""
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>", *(f"<0x{b:02X}>" for b in range(256)),
+              "\n", "\n\n", "\n\n\n", "a", "b", "ab", SPACE, SPACE + "a", "<turn|>", "<|tool_response>"]
+    types = [CONTROL] * 4 + [BYTE] * 256 + [NORMAL] * 8 + [CONTROL, USER_DEFINED]
+    meta = {"general.architecture": "gemma4", "tokenizer.ggml.model": "gemma4", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.token_type": types, "tokenizer.ggml.merges": ["\n \n", f"{SPACE} a"],
+            "tokenizer.ggml.bos_token_id": 2, "tokenizer.ggml.eos_token_id": 1,
+            "tokenizer.ggml.add_bos_token": False}
+    tok = tokenizer_from_json(hf_tokenizer(meta)[0])
+    assert tok.encode("\n\n\n") == [262] and tok.encode("\n\n\n\n") == [261, 261]
+    assert tok.encode(" a b") == [267, 266, 264] and tok.encode("a  a") == [263, 266, 267]
+    assert tok.encode("é\n\n\nab", add_special=True) == [2, 199, 173, 262, 263, 264]
+    assert tok.decode([2, 199, 173, 262, 263, 264], skip_special=True) == "é\n\n\nab"
+    assert tok.encode("x<turn|>y") == [124, 268, 125]
+    assert 269 not in tok.encode("a<|tool_response>", allow_special=False)
+    assert tok.decode([263, 269, 268], skip_special=True) == "a"
+
+
+def test_split_merges_as_llama_cpp():
+    assert split_merges(["a b", "  x", "ab", "a "]) == [["a", "b"], [" ", "x"]]
 
 
 @pytest.mark.parametrize("name", ["llama-spm", "phi-3"])

@@ -63,8 +63,6 @@ def gguf_config(meta: GGUFMeta) -> dict:
     inner, wide = _widths(meta, layers, shared)
     per_layer = meta.key("embedding_length_per_layer_input")  # llama.cpp reads it unconditionally
     dims = [swa_dim if kind == "sliding_attention" else full_dim for kind in types]
-    stops = [meta.values.get("tokenizer.ggml.eos_token_id"), *(meta.tokens.index(t) for t in END_TOKENS
-                                                                 if t in meta.tokens)]
     config = {
         "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
         "num_key_value_heads": kv[types.index("sliding_attention")] if "sliding_attention" in types else kv[0],
@@ -79,13 +77,21 @@ def gguf_config(meta: GGUFMeta) -> dict:
         "rope_parameters": {"sliding_attention": {"rope_type": "default",
                                                   "rope_theta": meta.get("rope.freq_base_swa", SWA_THETA)},
                             "full_attention": _full_rope(meta, full_dim)},
-        "eos_token_id": [i for i in dict.fromkeys(stops) if i is not None],
+        "eos_token_id": end_of_generation(meta),
     }
     if per_layer:  # llama.cpp's table has a row per token of the vocabulary
         config["vocab_size_per_layer_input"] = len(meta.tokens)
     if meta.get("expert_count"):
         config.update(_experts(meta, layers))
     return config
+
+
+def end_of_generation(meta: GGUFMeta) -> list[int]:
+    """The ids llama.cpp's gemma4 ends generation at: the file's eos, then END_TOKENS where the vocabulary
+    has them (a "</s>" there is a normal token: llama.cpp drops it from the list beside <|tool_response>)."""
+    stops = [meta.values.get("tokenizer.ggml.eos_token_id"), *(meta.tokens.index(t) for t in END_TOKENS
+                                                                 if t in meta.tokens)]
+    return [i for i in dict.fromkeys(stops) if i is not None]
 
 
 def _layer_types(meta: GGUFMeta, layers: int) -> list[str]:

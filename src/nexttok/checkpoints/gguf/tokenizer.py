@@ -11,6 +11,11 @@ kind it is:
   transformers' GGUF loader uses), run with byte fallback. Spaces become "▁" and, when
   tokenizer.ggml.add_space_prefix (default true), one "▁" goes before each stretch of text, as
   llama.cpp and Llama 2's tokenizer.json (Prepend normalizer) do.
+- "gemma4": BPE with the file's merges over SentencePiece-looking tokens (llama-vocab.cpp,
+  LLAMA_VOCAB_PRE_TYPE_GEMMA4): every space becomes "▁" (escape_whitespaces; no prefix space), the
+  text is split into lines and runs of newlines only, the merges run on the raw characters (not
+  GPT-2's byte alphabet), a run of newlines that is a token is that token unmerged, and a character
+  that no token holds becomes its bytes' <0xNN> tokens. BOS is always added (llama.cpp's PR 21500).
 
     tokenizer, config = hf_tokenizer(meta)   # meta: read_metadata(path)[0]
     tokenizer["model"]["byte_fallback"] is True for a "llama" vocabulary
@@ -59,6 +64,9 @@ PRE_TOKENIZERS: dict[str, tuple[dict, dict | None]] = {
 }
 
 SPACE = "\u2581"  # "▁"
+# the tokens llama.cpp ends a gemma4 turn at (llama-vocab.cpp, special_eog_ids): models/gemma4_gguf.py's
+# END_TOKENS, which the model stops at (not imported from there: reading a vocabulary needs no torch)
+GEMMA4_END_TOKENS = ("<eos>", "<turn|>", "<|tool_response>")
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # llama.cpp token types
 
 
@@ -73,9 +81,11 @@ def hf_tokenizer(meta: dict) -> tuple[dict, dict]:
         tokenizer = _byte_level_json(meta, tokens, types)
     elif model == "llama":
         tokenizer = _sentencepiece_json(meta, tokens, types)
+    elif model == "gemma4":
+        tokenizer = _gemma4_json(meta, tokens, types)
     else:
         raise GGUFError(f"GGUF tokenizer model {model!r} is not supported "
-                        "('gpt2': byte-level BPE, 'llama': SentencePiece BPE)")
+                        "('gpt2': byte-level BPE, 'llama': SentencePiece BPE, 'gemma4': BPE over '▁' text)")
     tokenizer["post_processor"] = _template(meta, tokens)
     return tokenizer, _tokenizer_config(meta, tokens)
 
@@ -125,6 +135,47 @@ def _sentencepiece_json(meta: dict, tokens: list[str], types: list[int]) -> dict
         "model": _bpe_model(tokens, [f"{a} {b}" for a, b in merges], byte_fallback=True,
                             ignore_merges=False, unk=tokens[unk] if unk is not None else None),
     }
+
+
+def _gemma4_json(meta: dict, tokens: list[str], types: list[int]) -> dict:
+    """llama.cpp's "gemma4" vocabulary (llama-vocab.cpp: the merges read at load, the GEMMA4
+    pre-tokenizer, escape_whitespaces, the newline-run lookup in llm_tokenizer_bpe_session)."""
+    merges = meta.get("tokenizer.ggml.merges")
+    if not isinstance(merges, list):
+        raise GGUFError("GGUF gemma4 vocabulary needs tokenizer.ggml.merges")
+    # llama.cpp makes its end-of-generation tokens control tokens (<|tool_response> is user-defined in the
+    # file): never matched in text read without special tokens, nothing when decoded without them
+    types = [CONTROL if t in GEMMA4_END_TOKENS else kind for t, kind in zip(tokens, types, strict=True)]
+    space = {"type": "Replace", "pattern": {"String": " "}, "content": SPACE}
+    # a token's text as llama.cpp's token_to_piece gives it ("▁" a space, <0xNN> a byte), the pieces joined:
+    # what its server sends (its llama_detokenize also drops a space before ?!., and in some contractions)
+    decoder = [{"type": "Replace", "pattern": {"String": SPACE}, "content": " "},
+               {"type": "ByteFallback"}, {"type": "Fuse"}]
+    # unk None: a byte that has no <0xNN> token is dropped, as llama.cpp does, not made <unk>
+    model = _bpe_model(tokens, split_merges(merges), byte_fallback=True, ignore_merges=False, unk=None)
+    model["whole_words"] = r"\n+"  # nexttok's own key (Tokenizer's whole_words)
+    return {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": _added(tokens, types, special=(UNKNOWN, CONTROL), plain=(USER_DEFINED,)),
+        "normalizer": space,
+        "pre_tokenizer": {"type": "Split", "pattern": {"Regex": r"[^\n]+|[\n]+"}, "behavior": "Isolated",
+                          "invert": False},
+        "decoder": {"type": "Sequence", "decoders": decoder},
+        "model": model,
+    }
+
+
+def split_merges(merges: list[str]) -> list[list[str]]:
+    """llama.cpp's reading of a merge: split at the first space after its first character, so that a
+    token may begin with a space: split_merges(["a b", "  x"]) -> [["a", "b"], [" ", "x"]]. One with no
+    such space, or nothing after it, llama.cpp files under a pair with an empty side that nothing
+    matches: left out here."""
+    pairs = []
+    for merge in merges:
+        cut = merge.find(" ", 1)
+        if 0 < cut < len(merge) - 1:
+            pairs.append([merge[:cut], merge[cut + 1:]])
+    return pairs
 
 
 def merges_from_scores(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]:
@@ -201,9 +252,11 @@ def _tokenizer_config(meta: dict, tokens: list[str]) -> dict:
 
 def _template(meta: dict, tokens: list[str]) -> dict | None:
     """The post-processor adding BOS (and EOS) as tokenizer.ggml.add_bos_token (add_eos_token)
-    say; a SentencePiece vocabulary adds BOS unless it says otherwise, as llama.cpp does."""
-    bos_default = meta.get("tokenizer.ggml.model") == "llama"
-    bos = _special_id(meta, "bos", tokens) if meta.get("tokenizer.ggml.add_bos_token", bos_default) else None
+    say; a SentencePiece vocabulary adds BOS unless it says otherwise, and a gemma4 one whatever it
+    says, as llama.cpp does."""
+    model = meta.get("tokenizer.ggml.model")
+    add_bos = model == "gemma4" or meta.get("tokenizer.ggml.add_bos_token", model == "llama")
+    bos = _special_id(meta, "bos", tokens) if add_bos else None
     eos = _special_id(meta, "eos", tokens) if meta.get("tokenizer.ggml.add_eos_token", False) else None
     if bos is None and eos is None:
         return None
