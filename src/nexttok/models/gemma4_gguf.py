@@ -31,6 +31,7 @@ import numpy as np
 from nexttok.models import moe, qwen3
 from nexttok.models.architecture import GGUFMeta, representable
 from nexttok.models.config import ConfigError, ModelConfig
+from nexttok.tokenizers.tokenizer import GEMMA4_END_TOKENS
 
 # a pair whose rate is divided by this does not turn (the factor llama.cpp's converter writes: 1e30);
 # read back, any factor past STILL_FROM is a pair that stays still
@@ -38,8 +39,6 @@ STILL, STILL_FROM = 1e30, 1e20
 # where the file holds no theta for the sliding layers, and no final_logit_softcapping, llama.cpp's hparams
 # defaults (llama-hparams.h): its graph caps logits at 30 then, and only a 0 in the file turns the cap off
 SWA_THETA, LOGIT_CAP = 10_000.0, 30.0
-# the tokens llama.cpp ends a gemma4 turn at beside the file's eos (llama-vocab.cpp, special_eog_ids)
-END_TOKENS = ("<eos>", "<turn|>", "<|tool_response>")
 
 
 def llama_kv_source(config: ModelConfig, layer: int) -> int:
@@ -87,9 +86,9 @@ def gguf_config(meta: GGUFMeta) -> dict:
 
 
 def end_of_generation(meta: GGUFMeta) -> list[int]:
-    """The ids llama.cpp's gemma4 ends generation at: the file's eos, then END_TOKENS where the vocabulary
+    """The ids llama.cpp's gemma4 ends generation at: the file's eos, then GEMMA4_END_TOKENS where the vocabulary
     has them (a "</s>" there is a normal token: llama.cpp drops it from the list beside <|tool_response>)."""
-    stops = [meta.values.get("tokenizer.ggml.eos_token_id"), *(meta.tokens.index(t) for t in END_TOKENS
+    stops = [meta.values.get("tokenizer.ggml.eos_token_id"), *(meta.tokens.index(t) for t in GEMMA4_END_TOKENS
                                                                  if t in meta.tokens)]
     return [i for i in dict.fromkeys(stops) if i is not None]
 

@@ -28,6 +28,9 @@ from nexttok.tokenizers.pre_tokenizers import PreTokenizer, byte_level
 
 _CACHE_LIMIT = 200_000  # words; cleared when full so memory stays bounded on endless input
 _CACHED_WORD = 64  # longer words (a SentencePiece paragraph) are not worth keeping
+# the tokens llama.cpp ends a Gemma 4 turn at beside a file's eos (llama-vocab.cpp, special_eog_ids): the
+# GGUF reader makes them control tokens, and a gemma4 model stops at them (models/gemma4_gguf.py)
+GEMMA4_END_TOKENS = ("<eos>", "<turn|>", "<|tool_response>")
 
 
 class TokenizerError(ValueError):

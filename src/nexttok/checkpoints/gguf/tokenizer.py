@@ -24,6 +24,7 @@ kind it is:
 from __future__ import annotations
 
 from nexttok.checkpoints.gguf.metadata import GGUFError
+from nexttok.tokenizers.tokenizer import GEMMA4_END_TOKENS
 
 # Llama 3's, Qwen2's and Qwen3.5's Split patterns (as their tokenizer.json files write them; Qwen3.5's keeps
 # combining marks, \p{M}, with the letters before them)
@@ -64,9 +65,6 @@ PRE_TOKENIZERS: dict[str, tuple[dict, dict | None]] = {
 }
 
 SPACE = "\u2581"  # "▁"
-# the tokens llama.cpp ends a gemma4 turn at (llama-vocab.cpp, special_eog_ids): models/gemma4_gguf.py's
-# END_TOKENS, which the model stops at (not imported from there: reading a vocabulary needs no torch)
-GEMMA4_END_TOKENS = ("<eos>", "<turn|>", "<|tool_response>")
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # llama.cpp token types
 
 
