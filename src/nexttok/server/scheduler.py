@@ -172,20 +172,26 @@ class Scheduler:
     def run(self) -> None:
         """The scheduling loop, until stop() or request_stop()."""
         self._running_loop = True
+        # all of it in inference mode, not the forward passes only: a recurrent layer's states are made
+        # by a forward pass (inference tensors), and claiming or releasing a slot writes them in between
         try:
-            while True:
-                with self._wake:
-                    while not self._stopping and not self.waiting and not self.running:
-                        self._wake.wait()
-                    if self._stopping:
-                        return
-                self._drop_gone()
-                self._admit()
-                if self.running:
-                    self._decode()
+            with torch.inference_mode():
+                self._loop()
         finally:
             self._running_loop = False
             self._done.set()
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self._stopping and not self.waiting and not self.running:
+                    self._wake.wait()
+                if self._stopping:
+                    return
+            self._drop_gone()
+            self._admit()
+            if self.running:
+                self._decode()
 
     def _drop_gone(self) -> None:
         now = time.perf_counter()
