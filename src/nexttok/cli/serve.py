@@ -251,7 +251,8 @@ def _add_serve_parser(sub) -> None:
     serve.add_argument("--prefix-cache-tokens", type=int, default=8192,
                        help="keys and values of recent prompts kept per model, so a prompt that begins as an "
                        "earlier one did (the next turn of a chat) skips prefilling that part; the tokens "
-                       "generated are the same either way; 0 = off (default 8192)")
+                       "generated are the same either way (a model with recurrent layers also keeps checkpoints "
+                       "of their states, each counted as the tokens of as many bytes); 0 = off (default 8192)")
     serve.add_argument("--max-model-len", type=int, default=4096,
                        help="prompt + completion tokens per request; 0 = the model's context (default 4096)")
     serve.add_argument("--keep-alive", default="5m", metavar="DURATION",

@@ -4,7 +4,8 @@
 Full-attention layers keep every position of a slot (a KVCache over the slots, `store`); sliding-
 window layers keep each slot's last positions only (window_keys.SlotWindows: window + WINDOW_SLACK +
 WINDOW_CHUNK per slot, whatever the context), unless built with windowed=False. So a slot's bytes
-follow window × window layers + context × full layers.
+follow window × window layers + context × full layers. Recurrent layers keep a state per slot; a
+slot that starts from a reused prefix takes their states at its end too (states_of, load).
 """
 
 from __future__ import annotations
@@ -113,17 +114,26 @@ class SlotCache:
         return [*[0] * len(self.store.groups),
                 *(w.kept_after_load(n) for w in self.window_keys.values() for _ in w.groups)]
 
-    def load(self, slot: int, groups: list[tuple[torch.Tensor, torch.Tensor]], n: int | None = None) -> None:
+    def states_of(self, slot: int) -> dict[tuple[int, str], torch.Tensor]:
+        """A copy of every recurrent state of slot, (layer, name) -> (*shape): a checkpoint that load()
+        resumes from (it holds the states after exactly the tokens the slot holds now)."""
+        return {key: state[slot].clone() for key, state in self.store.states.items()}
+
+    def load(self, slot: int, groups: list[tuple[torch.Tensor, torch.Tensor]], n: int | None = None,
+             states: Mapping[tuple[int, str], torch.Tensor] | None = None) -> None:
         """Start slot's sequence with keys and values computed earlier at positions 0..n-1 (a reused
         prompt prefix), one (k, v) per group (as groups), each (layers in the group, n_kv_heads, T,
         head_dim) holding positions n - T..n-1 (T >= n - load_starts(n) of it; n: the first's T
-        unless given); a row() prefill then continues at position n."""
-        if self.store.state_layers:
+        unless given); a row() prefill then continues at position n. states: a model with recurrent
+        layers needs their states after token n - 1 too (states_of(slot) taken then)."""
+        if self.store.state_layers and states is None:
             raise StateRollback("a sequence of a model with recurrent layers cannot start from stored keys and "
-                                "values: its layers' states are not among them")
+                                "values alone: it needs its layers' states after that token (a checkpoint)")
         n = groups[0][0].shape[2] if n is None else n
         if n > self.max_len:
             raise ContextFull(f"context window full: {n} tokens > {self.max_len}")
+        if states is not None:
+            self._load_states(slot, states)
         store, full = self.store, len(self.store.groups)
         for (k, v), (keys, values) in zip(groups[:full], store.groups, strict=True):
             keys[:, slot, :, :n] = k
@@ -135,6 +145,14 @@ class SlotCache:
         store.pos[slot] = -1
         store.pos[slot, :n] = torch.arange(n, device=store.pos.device)
         self.lengths[slot] = n
+
+    def _load_states(self, slot: int, states: Mapping[tuple[int, str], torch.Tensor]) -> None:
+        layers = {layer for layer, _ in states}
+        missing = (set(self.store.states) - set(states)) or set(self.store.state_layers) - layers
+        if missing:
+            raise ValueError(f"a checkpoint of recurrent states lacks {sorted(missing)}")
+        for (layer, name), state in states.items():
+            self.store.state(layer, name, tuple(state.shape), state.dtype)[slot].copy_(state)
 
     def kept_from(self, slot: int) -> int:
         """The first position whose keys every layer of slot still holds (window layers drop theirs)."""

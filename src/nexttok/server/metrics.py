@@ -7,7 +7,8 @@ import threading
 COUNTERS = ("requests_total", "rejected_total", "cancelled_total", "timeouts_total", "failed_total",
             "tokens_generated_total", "decode_steps_total", "prefix_cache_queries_total", "prefix_cache_hits_total",
             "prefix_cache_query_tokens_total", "prefix_cache_reused_tokens_total", "prefix_cache_evicted_tokens_total")
-GAUGES = ("queue_depth", "running", "prefix_cache_tokens", "prefix_cache_capacity_tokens")
+GAUGES = ("queue_depth", "running", "prefix_cache_tokens", "prefix_cache_capacity_tokens", "prefix_cache_checkpoints",
+          "prefix_cache_checkpoint_tokens")
 # gauges computed from two counters when scraped: name -> (numerator, denominator)
 RATIOS = {"prefix_cache_hit_rate": ("prefix_cache_reused_tokens_total", "prefix_cache_query_tokens_total")}
 HISTOGRAMS = {
@@ -29,6 +30,8 @@ HELP = {
     "prefix_cache_evicted_tokens_total": "tokens evicted from the prefix cache to make room",
     "prefix_cache_tokens": "tokens whose keys and values the prefix cache holds",
     "prefix_cache_capacity_tokens": "tokens the prefix cache can hold (0: off)",
+    "prefix_cache_checkpoints": "recurrent-state checkpoints the prefix cache holds (models with recurrent layers)",
+    "prefix_cache_checkpoint_tokens": "capacity the checkpoints take, in tokens of keys and values of as many bytes",
     "prefix_cache_hit_rate": "prompt tokens reused / prompt tokens looked up, since the start",
     "queue_depth": "requests waiting for a batch slot",
     "running": "requests in the running batch",

@@ -12,7 +12,8 @@ loop.call_soon_threadsafe. The waiting line is bounded: when it is full, submit(
 
 A prompt is prefilled in chunks cut at fixed multiples of generation/prefill.BLOCK. With the prefix cache
 on, its whole blocks that an earlier prompt already computed are copied in instead of prefilled;
-the fixed cut makes those the very bits it would have computed, so the cache changes no token.
+the fixed cut makes those the very bits it would have computed, so the cache changes no token (on a
+model with recurrent layers, with the layers' states checkpointed at those blocks' ends).
 """
 
 from __future__ import annotations
@@ -87,9 +88,8 @@ class Scheduler:
         padded = batch_invariant and not rows_independent(model)
         self.pad_to = max_running if padded or model.compiled is not None else 1
         self.metrics = metrics or Metrics()
-        # a recurrent layer's state is not among a prefix's keys and values: no prefix reuse for such models
-        reusable = prefix_cache_tokens and not model.config.recurrent_layers
-        self.prefix = PrefixCache(self.cache, prefix_cache_tokens, self.metrics) if reusable else None
+        # a model with recurrent layers reuses a prefix too: its blocks keep checkpoints of the states
+        self.prefix = PrefixCache(self.cache, prefix_cache_tokens, self.metrics) if prefix_cache_tokens else None
         self.waiting: collections.deque[Job] = collections.deque()
         self.running: list[Job] = []  # running[i] holds cache slot i
         self._wake = threading.Condition()
@@ -172,20 +172,26 @@ class Scheduler:
     def run(self) -> None:
         """The scheduling loop, until stop() or request_stop()."""
         self._running_loop = True
+        # all of it in inference mode, not the forward passes only: a recurrent layer's states are made
+        # by a forward pass (inference tensors), and claiming or releasing a slot writes them in between
         try:
-            while True:
-                with self._wake:
-                    while not self._stopping and not self.waiting and not self.running:
-                        self._wake.wait()
-                    if self._stopping:
-                        return
-                self._drop_gone()
-                self._admit()
-                if self.running:
-                    self._decode()
+            with torch.inference_mode():
+                self._loop()
         finally:
             self._running_loop = False
             self._done.set()
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self._stopping and not self.waiting and not self.running:
+                    self._wake.wait()
+                if self._stopping:
+                    return
+            self._drop_gone()
+            self._admit()
+            if self.running:
+                self._decode()
 
     def _drop_gone(self) -> None:
         now = time.perf_counter()
