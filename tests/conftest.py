@@ -332,6 +332,25 @@ def spm_variant_files(trained_spm_json, tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """name -> a tiny_models spec loaded as a Checkpoint (model and tokenizer), written once per module."""
+    from nexttok.checkpoints.loading import load_checkpoint
+    from tiny_models import write_tiny, write_tiny_tokenizer
+
+    made = {}
+
+    def get(name):
+        if name not in made:
+            directory = tmp_path_factory.mktemp(name)
+            write_tiny(name, directory)
+            write_tiny_tokenizer(directory)
+            made[name] = load_checkpoint(directory)
+        return made[name]
+
+    return get
+
+
+@pytest.fixture(scope="module")
 def pairs(tmp_path_factory):
     """name -> (HF model, ours, checkpoint directory) of a tiny_models spec, each written once per module."""
     from nexttok.checkpoints.loading import load_model

@@ -11,7 +11,6 @@ import asyncio
 import pytest
 import torch
 
-from nexttok.checkpoints.loading import load_checkpoint
 from nexttok.generation.loop import Generation, generate
 from nexttok.generation.sampling import SamplingParams
 from nexttok.models.cache import StateRollback
@@ -19,7 +18,7 @@ from nexttok.models.slot_cache import SlotCache
 from nexttok.server.metrics import Metrics
 from nexttok.server.prefix_cache import PrefixCache, prefill
 from nexttok.server.scheduler import Scheduler
-from tiny_models import VOCAB, write_tiny, write_tiny_tokenizer
+from tiny_models import VOCAB
 
 HYBRIDS = ["lfm2", "qwen3_5"]
 ATOL = 1e-4
@@ -171,21 +170,6 @@ def test_resuming_a_recurrent_model_without_a_checkpoint_refuses_in_one_line(pai
     assert "\n" not in str(error.value)
     with pytest.raises(ValueError, match=r"a checkpoint of recurrent states lacks \[0, 1, 2\]"):
         cache.load(0, keys, states={})
-
-
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    made = {}
-
-    def get(name):
-        if name not in made:
-            directory = tmp_path_factory.mktemp(name)
-            write_tiny(name, directory)
-            write_tiny_tokenizer(directory)
-            made[name] = load_checkpoint(directory)
-        return made[name]
-
-    return get
 
 
 def _serve(model, tokenizer, prompts, max_tokens: int, **options) -> tuple[list[list], Scheduler]:

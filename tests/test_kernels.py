@@ -266,3 +266,29 @@ def test_no_compiler_is_one_line_and_a_fallback(tmp_path):
     assert run.returncode == 0, run.stderr
     assert run.stderr.strip().splitlines() == [
         "nexttok: block kernels unavailable: no C++ compiler found (install g++); GGUF layers run on torch's kernels"]
+
+
+@pytest.mark.skipif(not kernels.available(), reason="kernels not built")
+def test_top_k_kept_and_argmax_are_torchs():
+    """The sampler's one-pass top-k keeps the tokens TopK keeps (ties with the k-th, never -inf; k past
+    the vocabulary: all), ids ascending with their logits; argmax is torch's, the first NaN included."""
+    from nexttok.generation.stages import NEG_INF
+    from nexttok.generation.stages.filters import TopK
+
+    g = torch.Generator().manual_seed(0)
+    for trial in range(120):
+        n = int(torch.randint(1, 3000, (1,), generator=g))
+        x = torch.randn(n, generator=g)
+        if trial % 3 == 0:
+            x = torch.round(x * 2) / 2  # many ties
+        if trial % 5 == 0:
+            x[torch.rand(n, generator=g) < 0.5] = NEG_INF
+        k = int(torch.randint(1, n + 5, (1,), generator=g))
+        kept = (TopK(k).apply(x) > NEG_INF).nonzero()[:, 0]
+        ids, values = kernels.top_k_kept(x, k)
+        assert torch.equal(ids, kept) and torch.equal(values, x[kept]), (trial, n, k)
+        assert kernels.argmax(x) == int(torch.argmax(x))
+    nan, inf = float("nan"), float("inf")
+    for row in ([1.0, nan, 3.0, nan], [nan, 5.0], [1.0, 3.0, 3.0], [-inf, -inf], [2.0, inf, inf]):
+        assert kernels.argmax(torch.tensor(row)) == int(torch.argmax(torch.tensor(row)))
+

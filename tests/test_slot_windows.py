@@ -11,7 +11,7 @@ import asyncio
 import pytest
 import torch
 
-from nexttok.checkpoints.loading import load_checkpoint, load_model
+from nexttok.checkpoints.loading import load_model
 from nexttok.generation.loop import Generation, generate
 from nexttok.generation.sampling import SamplingParams
 from nexttok.models import window_keys
@@ -20,7 +20,7 @@ from nexttok.models.slot_cache import SlotCache
 from nexttok.server.metrics import Metrics
 from nexttok.server.prefix_cache import PrefixCache, prefill
 from nexttok.server.scheduler import Scheduler
-from tiny_models import VOCAB, write_tiny, write_tiny_tokenizer
+from tiny_models import VOCAB, write_tiny
 
 ATOL = 1e-4
 GREEDY = SamplingParams(temperature=0)
@@ -39,21 +39,6 @@ def small_room(monkeypatch):
     """Room for 2 keys past a window and chunks of 4: every slot's buffer moves every few tokens."""
     monkeypatch.setattr(window_keys, "WINDOW_SLACK", 2)
     monkeypatch.setattr(window_keys, "WINDOW_CHUNK", 4)
-
-
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    made = {}
-
-    def get(name):
-        if name not in made:
-            directory = tmp_path_factory.mktemp(name)
-            write_tiny(name, directory)
-            write_tiny_tokenizer(directory)
-            made[name] = load_checkpoint(directory)
-        return made[name]
-
-    return get
 
 
 def _decode(model, prompts: list[list[int]], steps: int, cache: SlotCache, block: int = 8) -> list[torch.Tensor]:

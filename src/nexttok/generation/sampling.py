@@ -45,6 +45,7 @@ from nexttok.generation.stages import (
     StageSpec,
     Uniforms,
 )
+from nexttok.models import kernels
 
 RECORD_TOP = 20  # ids and probabilities a StageRecord keeps
 
@@ -101,6 +102,8 @@ class Greedy:
     name = "greedy"
 
     def select(self, logits: torch.Tensor, u: float | None = None) -> tuple[int, float | None]:
+        if kernels.row_ready(logits):
+            return kernels.argmax(logits), None
         return int(torch.argmax(logits)), None
 
 
@@ -198,14 +201,18 @@ class SamplerChain:
         not over the 49k-152k of the vocabulary. ids is None where nothing was compacted (values
         is then the whole (vocab,) row)."""
         for i, stage in enumerate(self.stages):
-            logits = stage.apply(logits)
             rest = self.stages[i + 1:]
             if stage.name == "top_k" and rest and all(s.name in ON_KEPT for s in rest):
-                ids = (logits > NEG_INF).nonzero()[:, 0]
-                values = logits[ids]
+                if kernels.row_ready(logits):  # the same tokens, in one pass
+                    ids, values = kernels.top_k_kept(logits, stage.k)
+                else:
+                    logits = stage.apply(logits)
+                    ids = (logits > NEG_INF).nonzero()[:, 0]
+                    values = logits[ids]
                 for later in rest:
                     values = later.apply(values)
                 return ids, values
+            logits = stage.apply(logits)
         return None, logits
 
     def recorded(self, logits: torch.Tensor) -> tuple[torch.Tensor, list[StageRecord]]:

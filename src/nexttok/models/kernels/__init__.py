@@ -43,7 +43,7 @@ import torch
 from nexttok.home import cache_home
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("ops.cpp", "decode.cpp", "q_generic.cpp", "q_avx2.cpp", "q_vnni.cpp")
+SOURCES = ("ops.cpp", "decode.cpp", "select.cpp", "q_generic.cpp", "q_avx2.cpp", "q_vnni.cpp")
 CFLAGS = ("-O3", "-fno-math-errno", "-fopenmp")
 ISAS = ("portable", "avx2", "avx512-vnni")  # the isa argument's values 0, 1, 2
 # ggml type numbers of the block formats the kernels run, with (values, bytes) per block
@@ -109,6 +109,12 @@ def _compile(verbose: bool):
 
 def available() -> bool:
     return load() is not None
+
+
+def row_ready(x: torch.Tensor) -> bool:
+    """x is one float32 row on the CPU and the kernels are already imported (this never starts a
+    build: a sampler over a model that has not used them keeps to torch)."""
+    return x.dim() == 1 and x.dtype == torch.float32 and x.device.type == "cpu" and _state.get("module") is not None
 
 
 def takes(x: torch.Tensor) -> bool:
@@ -228,6 +234,18 @@ def linear(x: torch.Tensor, tiles: list[torch.Tensor], types: list[int], rows: l
     """(M, N) float32 = q(x) · Wᵀ (+ bias), x (M, K) contiguous float32 quantized inside (mode
     SILU_MUL / GELU_TANH_MUL: x = [gate | up] (M, 2K), act(gate)·up quantized)."""
     return _eager().linear(x, tiles, types, rows, bias, mode, isa)
+
+
+def top_k_kept(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids ascending, their logits) of the tokens top-k keeps of a float32 row (vocab,): the k
+    highest, ties with the k-th too, never a -inf one; in two passes (select.cpp), where
+    torch.topk, a mask and nonzero took 0.22 ms on a 49k vocabulary."""
+    return _state["module"].top_k_kept(logits.contiguous(), k)
+
+
+def argmax(logits: torch.Tensor) -> int:
+    """The first index of the highest value of a float32 row, as torch.argmax (0.05 ms there on 49k)."""
+    return _state["module"].argmax(logits.contiguous())
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0) -> torch.Tensor:

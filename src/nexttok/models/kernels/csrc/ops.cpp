@@ -596,4 +596,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
     module.def("rope", &rope);
     module.def("attend", &attend);
     bind_decode(module);
+    bind_select(module);
 }

@@ -58,5 +58,7 @@ inline void rope_head(const float* a, const float* c, const float* s, int64_t D,
 
 // The fused decode layer's Python classes (decode.cpp).
 void bind_decode(pybind11::module& module);
+// A sampler chain's passes over the vocabulary (select.cpp).
+void bind_select(pybind11::module& module);
 
 }  // namespace nq_ops
