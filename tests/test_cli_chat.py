@@ -28,9 +28,12 @@ def checkpoint(chat_model_dir):
 
 
 def spawn(model_dir: Path, cwd: Path, *options: str) -> pexpect.spawn:
-    """The REPL in a pseudo-terminal, at its first prompt. TERM=dumb: no colours, no bracketed paste."""
+    """The REPL in a pseudo-terminal, at its first prompt. TERM=dumb: no colours, no bracketed paste.
+    One thread: on a 2-core machine the child's OpenMP threads spin between its steps and starve this
+    process, which then reads the streamed answer only after the whole of it was written."""
     child = pexpect.spawn(sys.executable, ["-m", "nexttok", "chat", str(model_dir), *options], cwd=str(cwd),
-                          env={**os.environ, "TERM": "dumb"}, encoding="utf-8", timeout=120, dimensions=(24, 200))
+                          env={**os.environ, "TERM": "dumb", "OMP_NUM_THREADS": "1"}, encoding="utf-8", timeout=120,
+                          dimensions=(24, 200))
     child.expect_exact(PROMPT)
     return child
 
