@@ -269,9 +269,9 @@ def test_no_compiler_is_one_line_and_a_fallback(tmp_path):
 
 
 @pytest.mark.skipif(not kernels.available(), reason="kernels not built")
-def test_top_k_kept_and_argmax_are_torchs():
+def test_top_k_kept_is_topks():
     """The sampler's one-pass top-k keeps the tokens TopK keeps (ties with the k-th, never -inf; k past
-    the vocabulary: all), ids ascending with their logits; argmax is torch's, the first NaN included."""
+    the vocabulary: all), ids ascending with their logits."""
     from nexttok.generation.stages import NEG_INF
     from nexttok.generation.stages.filters import TopK
 
@@ -287,8 +287,4 @@ def test_top_k_kept_and_argmax_are_torchs():
         kept = (TopK(k).apply(x) > NEG_INF).nonzero()[:, 0]
         ids, values = kernels.top_k_kept(x, k)
         assert torch.equal(ids, kept) and torch.equal(values, x[kept]), (trial, n, k)
-        assert kernels.argmax(x) == int(torch.argmax(x))
-    nan, inf = float("nan"), float("inf")
-    for row in ([1.0, nan, 3.0, nan], [nan, 5.0], [1.0, 3.0, 3.0], [-inf, -inf], [2.0, inf, inf]):
-        assert kernels.argmax(torch.tensor(row)) == int(torch.argmax(torch.tensor(row)))
 

@@ -102,8 +102,6 @@ class Greedy:
     name = "greedy"
 
     def select(self, logits: torch.Tensor, u: float | None = None) -> tuple[int, float | None]:
-        if kernels.row_ready(logits):
-            return kernels.argmax(logits), None
         return int(torch.argmax(logits)), None
 
 

@@ -1,7 +1,7 @@
 // What a sampler chain asks of the whole vocabulary, in one pass each instead of a handful of torch
 // ops (each of which costs tens of microseconds on a 49k-152k row, more than its arithmetic):
 // top_k_kept: the tokens top-k keeps (the k highest logits, ties with the k-th kept, -inf never),
-// ids ascending, and their logits; argmax: the first most likely token, as torch.argmax.
+// ids ascending, and their logits.
 #include <torch/extension.h>
 
 #include <cmath>
@@ -58,29 +58,12 @@ std::tuple<at::Tensor, at::Tensor> top_k_kept(const at::Tensor& logits, int64_t 
     return {id_tensor, value_tensor};
 }
 
-int64_t argmax(const at::Tensor& logits) {
-    const float* x = row_of(logits, "argmax");
-    int64_t best = 0;
-    float top = x[0];
-    if (std::isnan(top)) return 0;
-    for (int64_t i = 1; i < logits.numel(); i++) {
-        if (x[i] > top) {
-            top = x[i];
-            best = i;
-        } else if (x[i] != x[i]) {
-            return i;  // the first NaN is the max, as torch's
-        }
-    }
-    return best;
-}
-
 }  // namespace
 
 namespace nq_ops {
 
 void bind_select(pybind11::module& module) {
     module.def("top_k_kept", &top_k_kept, "(ids ascending, logits) of the tokens top-k keeps");
-    module.def("argmax", &argmax, "the first index of the highest value, as torch.argmax");
 }
 
 }  // namespace nq_ops
