@@ -7,6 +7,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -27,13 +28,19 @@ def checkpoint(chat_model_dir):
     return load_checkpoint(chat_model_dir)
 
 
+def _ctrl_c_as_a_terminal_sends_it() -> None:
+    """In the child before it runs: SIGINT back to its default, so that Python installs its Ctrl-C
+    handler whatever this test process's own disposition is (an ignored SIGINT would be inherited)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def spawn(model_dir: Path, cwd: Path, *options: str) -> pexpect.spawn:
     """The REPL in a pseudo-terminal, at its first prompt. TERM=dumb: no colours, no bracketed paste.
     One thread: on a 2-core machine the child's OpenMP threads spin between its steps and starve this
     process, which then reads the streamed answer only after the whole of it was written."""
     child = pexpect.spawn(sys.executable, ["-m", "nexttok", "chat", str(model_dir), *options], cwd=str(cwd),
                           env={**os.environ, "TERM": "dumb", "OMP_NUM_THREADS": "1"}, encoding="utf-8", timeout=120,
-                          dimensions=(24, 200))
+                          dimensions=(24, 200), preexec_fn=_ctrl_c_as_a_terminal_sends_it)
     child.expect_exact(PROMPT)
     return child
 
