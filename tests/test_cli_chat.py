@@ -3,6 +3,7 @@ against the library's `generate` on the same rendered prompt; the REPL's rules c
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import os
@@ -72,11 +73,14 @@ def test_chat_in_a_terminal(chat_model_dir, checkpoint, tmp_path):
         first, second = say(child, "Hello there"), say(child, "And then?")
         assert say(child, "/set temperature -1").startswith("error: temperature must be a number >= 0, got -1\n")
         assert say(child, "/set max_tokens 3000") == "max_tokens = 3000\n"
+        gc.collect()  # no collection of this process's heap (after the whole suite: long) while the answer
+        gc.disable()  # streams: the Ctrl-C below must arrive before the tiny model's 3000 tokens are out
         child.sendline("Tell me everything")
         child.expect_exact("Tell me everything\r\n")
         child.expect(r"\S")  # the answer is streaming: interrupted at once (this tiny model writes its
         child.send("\x03")  # 3000 tokens in well under a second now that a greedy step picks in C++)
         child.expect(r"\(stopped after (\d+) tokens; kept in the history\)")
+        gc.enable()
         cut = int(child.match.group(1))
         child.expect_exact(PROMPT)
         shown = say(child, "/show")  # still in the REPL
@@ -94,6 +98,7 @@ def test_chat_in_a_terminal(chat_model_dir, checkpoint, tmp_path):
         child.sendcontrol("d")
         child.expect(pexpect.EOF)
     finally:
+        gc.enable()
         child.close(force=True)
     assert child.exitstatus == 0
 
@@ -127,6 +132,7 @@ def test_a_conversation_that_outgrows_the_context_drops_its_oldest_turns(chat_mo
         child.sendline("/bye")
         child.expect(pexpect.EOF)
     finally:
+        gc.enable()
         child.close(force=True)
     assert child.exitstatus == 0
     assert n > 0 and out.startswith("context full: dropped the 1 oldest turn (")
