@@ -88,7 +88,8 @@ def load(verbose: bool = False):
 
 
 def _compile(verbose: bool):
-    built = build_dir() / "nexttok_q.so"
+    directory = build_dir()  # hashes every source: once
+    built = directory / "nexttok_q.so"
     if built.is_file() and not verbose:  # built before from these very sources: imported as it is, without
         with contextlib.suppress(ImportError):  # torch.utils.cpp_extension (and setuptools), a tenth of a second
             spec = importlib.util.spec_from_file_location("nexttok_q", built)
@@ -98,7 +99,6 @@ def _compile(verbose: bool):
             return module
     from torch.utils.cpp_extension import load as build
 
-    directory = build_dir()
     directory.mkdir(parents=True, exist_ok=True)
     module = build(name="nexttok_q", sources=[str(CSRC / s) for s in SOURCES], build_directory=str(directory),
                    extra_cflags=list(CFLAGS), extra_ldflags=["-fopenmp"],

@@ -1,10 +1,10 @@
-// What a sampler chain asks of the whole vocabulary, in one pass each instead of a handful of torch
+// What a sampler chain asks of the whole vocabulary, in two passes instead of a handful of torch
 // ops (each of which costs tens of microseconds on a 49k-152k row, more than its arithmetic):
-// top_k_kept: the tokens top-k keeps (the k highest logits, ties with the k-th kept, -inf never),
+// top_k_kept, the tokens top-k keeps (the k highest logits, ties with the k-th kept, -inf never),
 // ids ascending, and their logits.
 #include <torch/extension.h>
 
-#include <cmath>
+#include <cmath>  // INFINITY
 #include <functional>
 #include <queue>
 #include <vector>
