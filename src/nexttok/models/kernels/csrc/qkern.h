@@ -202,9 +202,10 @@ static inline __m256i bcast4(const int8_t* x) {
     return _mm256_set1_epi32(four);
 }
 
-// Σ over chunks C0..C1-1 of u·x for one activation row x (32 int8), lane r = row r.
+// Σ over chunks C0..C1-1 of u·x for one activation row x (32 int8), lane r = row r. AVX2: times
+// `by`, each 32-bit lane's int16 factor twice (vpmaddwd's; ones: 1), the per-16 types' scale.
 template <int TYPE, int C0, int C1>
-static inline __m256i dot_chunks(const __m256i* w, const int8_t* x) {
+static inline __m256i dot_chunks(const __m256i* w, const int8_t* x, __m256i by = _mm256_set1_epi16(1)) {
     __m256i acc = _mm256_setzero_si256();
 #if NQ_VNNI
     for (int c = C0; c < C1; c++) acc = _mm256_dpbusd_epi32(acc, w[c], bcast4(x + 4 * c));
@@ -213,7 +214,6 @@ static inline __m256i dot_chunks(const __m256i* w, const int8_t* x) {
     // 2 products of at most weight_max · 127 per chunk), then vpmaddwd
     constexpr int run = 32767 / (2 * 127 * weight_max(TYPE));
     static_assert(run >= 1, "one vpmaddubsw pair must fit int16");
-    const __m256i ones = _mm256_set1_epi16(1);
     for (int c = C0; c < C1; c += run) {
         __m256i sum16 = _mm256_setzero_si256();
         for (int k = c; k < c + run && k < C1; k++) {
@@ -223,7 +223,7 @@ static inline __m256i dot_chunks(const __m256i* w, const int8_t* x) {
                                   : _mm256_maddubs_epi16(w[k], xv);
             sum16 = _mm256_add_epi16(sum16, p);
         }
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(sum16, ones));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(sum16, by));
     }
 #endif
     return acc;
@@ -259,6 +259,23 @@ static inline void half_scales(const uint8_t* gs, __m256* sc, __m256* mn) {
     }
 }
 
+// The same scales as int16 factors for vpmaddwd. by[h]: row r's sc of half h in both int16 halves
+// of lane r (times the pairs of a dot's sums); bm: (k·mn₀, k·mn₁) in lane r's two halves (times
+// the activation sums (s₀, s₀) of a row, broadcast), k = 4 (Q3_K), 32 (Q6_K) or 1 (Q2_K's mins).
+template <int TYPE>
+static inline void half_factors(const uint8_t* gs, __m256i* by, __m256i* bm) {
+    constexpr int k = TYPE == NQ_Q3_K ? 4 : TYPE == NQ_Q6_K ? 32 : 1;
+    __m256i mn[2];
+    for (int h = 0; h < 2; h++) {
+        const __m128i b = _mm_loadl_epi64((const __m128i*)(gs + 8 * h));
+        const __m256i v = TYPE == NQ_Q2_K ? _mm256_and_si256(_mm256_cvtepu8_epi32(b), _mm256_set1_epi32(0xf))
+                                          : _mm256_cvtepi8_epi32(b);
+        by[h] = _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(v, 16));
+        mn[h] = TYPE == NQ_Q2_K ? _mm256_srli_epi32(_mm256_cvtepu8_epi32(b), 4) : _mm256_mullo_epi32(v, _mm256_set1_epi32(k));
+    }
+    *bm = _mm256_or_si256(_mm256_and_si256(mn[0], _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(mn[1], 16));
+}
+
 // out[r·ldo + 0..7] for the 8 rows of one tile and R activation rows.
 template <int TYPE, int R>
 static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const float* d, const int16_t* s,
@@ -282,6 +299,27 @@ static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const flo
             __m256i w[8];
             group_chunks<TYPE>(gs + nq_group_scales(TYPE), w);
             if constexpr (nq_per16(TYPE)) {  // Σ = dw·da·(sc₀·dot₀ + sc₁·dot₁) + B·da·(mn₀·s₀ + mn₁·s₁)
+#if !NQ_VNNI
+                // all in integers: Σ sc_h·dot_h and Σ k·mn_h·s_h, one conversion each (Q3_K, Q6_K: one,
+                // as their offset k shares dw's factor: Σ sc_h·(dot_h - k·s_h) = Σ sc_h·Σ (u - k)·x)
+                __m256i by[2], bm;
+                half_factors<TYPE>(gs, by, &bm);
+                for (int r = 0; r < R; r++) {
+                    const int8_t* x = q + r * K + 32 * g;
+                    const __m256 da = _mm256_set1_ps(d[r * G + g]);
+                    const __m256i t = _mm256_add_epi32(dot_chunks<TYPE, 0, 4>(w, x, by[0]),
+                                                       dot_chunks<TYPE, 4, 8>(w, x, by[1]));
+                    int32_t pair;  // the row's two sums of 16, adjacent int16
+                    memcpy(&pair, s + r * 2 * G + 2 * g, 4);
+                    const __m256i m = _mm256_madd_epi16(_mm256_set1_epi32(pair), bm);
+                    if constexpr (TYPE == NQ_Q2_K) {
+                        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(dw, da), acc[r]);
+                        acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(second, da), acc[r]);
+                    } else {
+                        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(t, m)), _mm256_mul_ps(dw, da), acc[r]);
+                    }
+                }
+#else
                 __m256 sc[2], mn[2];
                 half_scales<TYPE>(gs, sc, mn);
                 const __m256 B = TYPE == NQ_Q2_K ? _mm256_mul_ps(second, _mm256_set1_ps(-1.0f))
@@ -297,6 +335,7 @@ static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const flo
                     m = _mm256_fmadd_ps(mn[1], _mm256_set1_ps(da * sr[1]), m);
                     acc[r] = _mm256_fmadd_ps(m, B, acc[r]);
                 }
+#endif
             } else {
                 __m256 A, B;
                 group_ab<TYPE>(dw, second, gs, &A, &B);
@@ -390,6 +429,10 @@ static void gemm_type(const uint8_t* w, int64_t t0, int64_t t1, int64_t N, int64
         const int valid = (int)(N - t * NQ_TILE < NQ_TILE ? N - t * NQ_TILE : NQ_TILE);
         float* o = out + t * NQ_TILE;
         int64_t m = 0;
+        // 8 rows a step, the weights' unpacking and scales shared by more of them (Q6_K's prefill +10%);
+        // Q8_0 has none to share, and the 8 rows' registers slowed it by 5%
+        for (; TYPE != NQ_Q8_0 && m + 8 <= M; m += 8)
+            tile_rows<TYPE, 8>(tile, K, q + m * K, d + m * G, s + m * 2 * G, ds + m * G, o + m * ldo, ldo, valid);
         for (; m + 4 <= M; m += 4)
             tile_rows<TYPE, 4>(tile, K, q + m * K, d + m * G, s + m * 2 * G, ds + m * G, o + m * ldo, ldo, valid);
         switch (M - m) {
