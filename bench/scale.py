@@ -1,14 +1,15 @@
 """Scale: nexttok vs llama-bench on a random-weight model the size people run, and the memory roofline.
 
     python bench/scale.py                          # Qwen2.5-1.5B's shape, Q4_K_M, 5 rounds
-    python bench/scale.py --rounds 2 --keep        # keep the F16 file too
+    python bench/scale.py --type Q8_0,Q6_K,Q5_K_M,Q4_0 --keep   # other files; keep the F16 they come from
     python bench/scale.py --shape tiny --rounds 1  # the pipeline checked in seconds
 
 Writes a GGUF in the shape's architecture (llama.cpp's tensor names and "<arch>." metadata, F16
 weights ~N(0, 0.02), norms 1, the tokenizer metadata copied from the Qwen2.5-Coder-0.5B GGUF, whose
 151936-token vocabulary is Qwen2.5's), quantizes it with llama.cpp's llama-quantize to Q4_K_M and
-caches that under ~/.cache/nexttok-ref/scale/<shape>-q4_k_m.gguf, so later runs reuse it. Then
-nexttok.bench_native.compare alternates nexttok and llama-bench over --rounds (medians and ranges),
+caches that under ~/.cache/nexttok-ref/scale/<shape>-q4_k_m.gguf, so later runs reuse it (--type names
+other llama-quantize types, each cached the same way, and a summary row per file ends the report). Then
+nexttok.bench_native.measure alternates nexttok and llama-bench over --rounds (medians and ranges),
 and the roofline is printed: measured read bandwidth / the bytes nexttok's loaded model reads per
 decode step (nexttok.benchmark.weight_bytes) as tokens/s, and nexttok's median decode as a % of it.
 Random weights change no timing: every kernel reads the same bytes whatever the values.
@@ -20,6 +21,7 @@ GGUF metadata, and none is available offline here (no Llama-3 GGUF in the cache)
 from __future__ import annotations
 
 import argparse
+import statistics
 import subprocess
 import sys
 import time
@@ -132,10 +134,11 @@ def write_gguf(path: Path, shape: Shape, *, tokenizer: Path = TOKENIZER_SOURCE, 
     writer.close()
 
 
-def quantized(shape_name: str, binary: Path, keep: bool) -> Path:
-    """The cached Q4_K_M file of `shape_name`, written and quantized first where there is none."""
+def quantized(shape_name: str, binary: Path, kind: str) -> Path:
+    """The cached `kind` (a llama-quantize type: Q4_K_M, Q8_0, ...) file of `shape_name`, written from
+    the F16 one (itself written first where there is none) and quantized where there is none."""
     CACHE.mkdir(parents=True, exist_ok=True)
-    out = CACHE / f"{shape_name}-q4_k_m.gguf"
+    out = CACHE / f"{shape_name}-{kind.lower()}.gguf"
     if out.is_file():
         print(f"reusing {out}", flush=True)
         return out
@@ -146,13 +149,13 @@ def quantized(shape_name: str, binary: Path, keep: bool) -> Path:
         print(f"wrote {f16} ({f16.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - start:.0f} s", flush=True)
     start = time.perf_counter()
     partial = out.with_suffix(".partial")
-    subprocess.run([str(binary / "llama-quantize"), str(f16), str(partial), "Q4_K_M"], check=True,
-                   stdout=subprocess.DEVNULL)
+    done = subprocess.run([str(binary / "llama-quantize"), str(f16), str(partial), kind], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        sys.exit(f"llama-quantize to {kind} failed: {(done.stderr.strip().splitlines() or ['no output'])[-1]}")
     partial.rename(out)
     print(f"quantized to {out} ({out.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - start:.0f} s",
           flush=True)
-    if not keep:
-        f16.unlink()
     return out
 
 
@@ -171,36 +174,53 @@ def roofline(path: Path) -> tuple[float, int, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", default="qwen2.5-1.5b", choices=[*SHAPES, *UNSUPPORTED])
+    parser.add_argument("--type", default="Q4_K_M",
+                        help="llama-quantize types, comma-separated (e.g. Q4_K_M,Q8_0,Q6_K,Q5_K_M,Q4_0,Q3_K_M)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--prompt-tokens", type=int, default=512)
-    parser.add_argument("--keep", action="store_true", help="keep the F16 file next to the Q4_K_M one")
+    parser.add_argument("--keep", action="store_true", help="keep the F16 file the quantized ones are made from")
     parser.add_argument("--llama-cpp-bin", default=None)
     args = parser.parse_args()
     if args.shape in UNSUPPORTED:
         sys.exit(f"--shape {args.shape}: {UNSUPPORTED[args.shape]}")
-    from nexttok.bench_native import compare, llama_cpp_bin
+    from nexttok.bench_native import llama_cpp_bin
 
     binary = llama_cpp_bin(args.llama_cpp_bin)
     if binary is None or not (binary / "llama-quantize").is_file():
         sys.exit("no llama.cpp build with llama-quantize (build it with ../shared/tools/build-llama-cpp.sh)")
-    path = quantized(args.shape, binary, args.keep)
+    kinds = [kind.strip().upper() for kind in args.type.split(",") if kind.strip()]
+    paths = {kind: quantized(args.shape, binary, kind) for kind in kinds}
+    if not args.keep:
+        (CACHE / f"{args.shape}-f16.gguf").unlink(missing_ok=True)
+    summary = [f"{'file':<10}{'GB':>6}{'decode greedy':>22}{'sampled':>22}{'prefill':>22}{'roofline':>10}"]
+    for kind, path in paths.items():
+        summary.append(_one(kind, path, binary, args))
+    print("\n".join(summary))
+
+
+def _one(kind: str, path: Path, binary: Path, args) -> str:
+    """One file's table (printed) and its summary row: the ratios' medians (ranges), the roofline's %."""
+    from nexttok.bench_native import measure, table
+
     bandwidth, held, ceiling = roofline(path)
     print(f"roofline: {bandwidth:.1f} GB/s read / {held / 1e9:.3f} GB nexttok's model reads per token "
           f"= {ceiling:.1f} tokens/s", flush=True)
-    table = compare(str(path), binary, threads=args.threads, prompt=args.prompt_tokens,
-                    new=args.new_tokens, rounds=args.rounds)
-    print(table)
-    decode = _median_decode(table)
+    measured = measure(str(path), binary, threads=args.threads, prompt=args.prompt_tokens, new=args.new_tokens,
+                       rounds=args.rounds)
+    print(table(measured, f"nexttok vs llama-bench on {path}, {args.threads} threads, {args.rounds} rounds "
+                "alternating which runs first; medians (range)", args.prompt_tokens, args.new_tokens))
+    decode = statistics.median(measured["decode_tps"].ours)
     print(f"nexttok's decode {decode:.1f} tokens/s = {100 * decode / ceiling:.0f}% of the roofline's "
-          f"{ceiling:.1f} tokens/s ({bandwidth:.1f} GB/s / {held / 1e9:.3f} GB)")
+          f"{ceiling:.1f} tokens/s ({bandwidth:.1f} GB/s / {held / 1e9:.3f} GB)\n", flush=True)
 
+    def ratio(key: str) -> str:
+        r = measured[key].ratios
+        return f"{statistics.median(r):.2f}x ({min(r):.2f}-{max(r):.2f})"
 
-def _median_decode(table: str) -> float:
-    """nexttok's median decode tokens/s from compare's table (its first number on the decode line)."""
-    line = next(row for row in table.splitlines() if row.startswith("decode"))
-    return float(line[22:].split()[0])  # Rounds.line: a 22-character label, then nexttok's median
+    return (f"{kind:<10}{path.stat().st_size / 1e9:>6.2f}{ratio('decode_tps'):>22}{ratio('sampled_tps'):>22}"
+            f"{ratio('prefill_tps'):>22}{100 * decode / ceiling:>9.0f}%")
 
 
 if __name__ == "__main__":

@@ -101,8 +101,9 @@ def _worker(source: str, threads: int, prompt: int, new: int, conn) -> None:
                    "sampled_tps": decode(new, SamplingParams(**LLAMA_CPP_SAMPLING, seed=seed))})
 
 
-def compare(model: str, binary: Path, *, threads: int = 2, prompt: int = 512, new: int = 128, rounds: int = 5) -> str:
-    """nexttok and llama-bench on `model` (a .gguf), `rounds` alternating rounds: a text table."""
+def measure(model: str, binary: Path, *, threads: int = 2, prompt: int = 512, new: int = 128,
+            rounds: int = 5) -> dict[str, Rounds]:
+    """nexttok and llama-bench on `model` (a .gguf), `rounds` alternating rounds: metric -> Rounds."""
     if not model.endswith(".gguf"):
         raise ValueError(f"llama-bench runs a .gguf file; {model} is not one")
     context = multiprocessing.get_context("spawn")
@@ -130,13 +131,24 @@ def compare(model: str, binary: Path, *, threads: int = 2, prompt: int = 512, ne
         process.join(timeout=10)
         if process.is_alive():
             process.kill()
+    return {key: Rounds(ours[key], theirs[key]) for key in METRICS}
+
+
+def table(measured: dict[str, Rounds], title: str, prompt: int = 512, new: int = 128) -> str:
+    """measure's result as compare prints it, under `title`."""
     header = f"{'metric (tokens/s)':<22}{'nexttok':>22}{'llama-bench':>22}{'nexttok/llama.cpp':>24}"
     return "\n".join([
-        f"nexttok vs llama.cpp's llama-bench ({binary}) on {model}, {threads} threads, {rounds} rounds "
-        "alternating which runs first; medians (range)", header,
-        Rounds(ours["decode_tps"], theirs["decode_tps"]).line(f"decode tg{new} greedy"),
-        Rounds(ours["sampled_tps"], theirs["sampled_tps"]).line(f"decode tg{new} sampled"),
-        Rounds(ours["prefill_tps"], theirs["prefill_tps"]).line(f"prefill pp{prompt}"),
+        title, header,
+        measured["decode_tps"].line(f"decode tg{new} greedy"),
+        measured["sampled_tps"].line(f"decode tg{new} sampled"),
+        measured["prefill_tps"].line(f"prefill pp{prompt}"),
         "sampled: nexttok with llama.cpp's default sampling (top-k 40, top-p 0.95, min-p 0.05, temperature 0.8) "
         "against the same tg, which samples nothing",
     ])
+
+
+def compare(model: str, binary: Path, *, threads: int = 2, prompt: int = 512, new: int = 128, rounds: int = 5) -> str:
+    """nexttok and llama-bench on `model` (a .gguf), `rounds` alternating rounds: a text table."""
+    measured = measure(model, binary, threads=threads, prompt=prompt, new=new, rounds=rounds)
+    return table(measured, f"nexttok vs llama.cpp's llama-bench ({binary}) on {model}, {threads} threads, {rounds} "
+                 "rounds alternating which runs first; medians (range)", prompt, new)
