@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 
@@ -206,3 +207,22 @@ def test_bad_sampling_flags_are_one_line_naming_the_setting(capsys, command, arg
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
+
+
+def test_run_as_a_process_ends_with_its_output_whole(tiny_dir, tmp_path):
+    """`python -m nexttok run` ends without the interpreter's teardown (cli.entry): the text, the summary
+    line and the trace are whole all the same, and the trace replays; a reader that stops early
+    (`| head -c 1`) ends it with status 0 and no error line."""
+    trace = tmp_path / "run.jsonl"
+    command = [sys.executable, "-m", "nexttok", "run", str(tiny_dir), "Hello", "--temperature", "0",
+               "--max-tokens", "6", "--no-server"]
+    result = subprocess.run([*command, "--trace", str(trace)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.endswith("\n") and result.stdout.strip()
+    assert "6 tokens (length)" in result.stderr
+    lines = trace.read_text().splitlines()
+    assert len(lines) == 8 and '"end"' in lines[-1]  # header, 6 steps, end
+    assert main(["replay", str(trace)]) == 0
+    piped = subprocess.run(f"{shlex.join(command)} --max-tokens 2000 | head -c 1", shell=True,
+                           capture_output=True, text=True, timeout=120)
+    assert len(piped.stdout) == 1 and "error" not in piped.stderr, piped.stderr

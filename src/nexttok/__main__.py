@@ -1,5 +1,5 @@
 import sys
 
-from nexttok.cli import main
+from nexttok.cli import entry
 
-sys.exit(main())
+sys.exit(entry())
