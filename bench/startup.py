@@ -11,7 +11,7 @@ Every round starts each of these once, one after the other, the order turned rou
 - llama.cpp's own `llama-cli -m FILE -p PROMPT -n 1 -st --simple-io` where found (../shared/tools/
   build-llama-cpp.sh, --llama-cpp-bin or $NEXTTOK_LLAMA_CPP_BIN): the wall time to its exit, which is
   an upper bound on its first token (it applies the chat template and warms up first, as `run` does not).
-Medians (range). Then, once, where nexttok's start goes, phase by phase in one fresh process.
+One unmeasured start of each first. Medians (range). Then, once, where nexttok's start goes, phase by phase in one fresh process.
 """
 
 from __future__ import annotations
@@ -85,6 +85,8 @@ def engines(args, trees: dict[str, Path], model_file: str, binary: Path | None) 
 def rounds(jobs: dict[str, tuple], count: int) -> dict[str, list[tuple[float, float]]]:
     times: dict[str, list[tuple[float, float]]] = {label: [] for label in jobs}
     labels = list(jobs)
+    for command, cwd, env in jobs.values():  # warm-up: the page cache, and a tree's first kernels build
+        first_byte(command, env, cwd)
     for r in range(count):
         for label in labels if r % 2 == 0 else labels[::-1]:
             command, cwd, env = jobs[label]
