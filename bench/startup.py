@@ -11,7 +11,8 @@ Every round starts each of these once, one after the other, the order turned rou
 - llama.cpp's own `llama-cli -m FILE -p PROMPT -n 1 -st --simple-io` where found (../shared/tools/
   build-llama-cpp.sh, --llama-cpp-bin or $NEXTTOK_LLAMA_CPP_BIN): the wall time to its exit, which is
   an upper bound on its first token (it applies the chat template and warms up first, as `run` does not).
-One unmeasured start of each first. Medians (range). Then, once, where nexttok's start goes, phase by phase in one fresh process.
+One unmeasured start of each first. Medians (range). Then, once, where nexttok's start goes, phase
+by phase in one fresh process.
 """
 
 from __future__ import annotations
