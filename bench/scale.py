@@ -10,8 +10,10 @@ weights ~N(0, 0.02), norms 1, the tokenizer metadata copied from the Qwen2.5-Cod
 caches that under ~/.cache/nexttok-ref/scale/<shape>-q4_k_m.gguf, so later runs reuse it (--type names
 other llama-quantize types, each cached the same way, and a summary row per file ends the report). Then
 nexttok.bench_native.measure alternates nexttok and llama-bench over --rounds (medians and ranges),
-and the roofline is printed: measured read bandwidth / the bytes nexttok's loaded model reads per
-decode step (nexttok.benchmark.weight_bytes) as tokens/s, and nexttok's median decode as a % of it.
+and the roofline is printed: in each round, right after nexttok's greedy decode, the memory's read
+bandwidth is measured (it swings by a third within the hour here), and that round's decode times the
+bytes nexttok's loaded model reads per step (nexttok.benchmark.weight_bytes) is taken as a % of it;
+the median and range of those %.
 Random weights change no timing: every kernel reads the same bytes whatever the values.
 
 Only the Qwen shape (and tiny) are supported: --shape llama-3.2-3b needs a Llama-3 tokenizer's
@@ -159,18 +161,6 @@ def quantized(shape_name: str, binary: Path, kind: str) -> Path:
     return out
 
 
-def roofline(path: Path) -> tuple[float, int, float]:
-    """(read GB/s, bytes nexttok's loaded model reads per decode step, the tokens/s they allow)."""
-    from nexttok.benchmark import measure_read_bandwidth, weight_bytes
-    from nexttok.checkpoints.loading import load_model
-
-    model = load_model(str(path))
-    held = weight_bytes(model)
-    del model
-    bandwidth = measure_read_bandwidth()
-    return bandwidth, held, bandwidth * 1e9 / held
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", default="qwen2.5-1.5b", choices=[*SHAPES, *UNSUPPORTED])
@@ -192,7 +182,7 @@ def main() -> None:
         sys.exit("no llama.cpp build with llama-quantize (build it with ../shared/tools/build-llama-cpp.sh)")
     kinds = [kind.strip().upper() for kind in args.type.split(",") if kind.strip()]
     paths = {kind: quantized(args.shape, binary, kind) for kind in kinds}
-    if not args.keep:
+    if not args.keep and "F16" not in kinds:
         (CACHE / f"{args.shape}-f16.gguf").unlink(missing_ok=True)
     summary = [f"{'file':<10}{'GB':>6}{'decode greedy':>22}{'sampled':>22}{'prefill':>22}{'roofline':>10}"]
     for kind, path in paths.items():
@@ -201,26 +191,31 @@ def main() -> None:
 
 
 def _one(kind: str, path: Path, binary: Path, args) -> str:
-    """One file's table (printed) and its summary row: the ratios' medians (ranges), the roofline's %."""
+    """One file's table (printed) and its summary row: the ratios' medians (ranges), and the roofline's
+    % per round (the read bandwidth measured in the same round, right after nexttok's decode)."""
     from nexttok.bench_native import measure, table
+    from nexttok.benchmark import weight_bytes
+    from nexttok.checkpoints.loading import load_model
 
-    bandwidth, held, ceiling = roofline(path)
-    print(f"roofline: {bandwidth:.1f} GB/s read / {held / 1e9:.3f} GB nexttok's model reads per token "
-          f"= {ceiling:.1f} tokens/s", flush=True)
+    model = load_model(str(path))
+    held = weight_bytes(model)
+    del model
+    read: list[float] = []
     measured = measure(str(path), binary, threads=args.threads, prompt=args.prompt_tokens, new=args.new_tokens,
-                       rounds=args.rounds)
+                       rounds=args.rounds, read_gbs=read)
     print(table(measured, f"nexttok vs llama-bench on {path}, {args.threads} threads, {args.rounds} rounds "
                 "alternating which runs first; medians (range)", args.prompt_tokens, args.new_tokens))
-    decode = statistics.median(measured["decode_tps"].ours)
-    print(f"nexttok's decode {decode:.1f} tokens/s = {100 * decode / ceiling:.0f}% of the roofline's "
-          f"{ceiling:.1f} tokens/s ({bandwidth:.1f} GB/s / {held / 1e9:.3f} GB)\n", flush=True)
+    shares = [100 * tps * held / (gbs * 1e9) for tps, gbs in zip(measured["decode_tps"].ours, read, strict=True)]
+    print(f"roofline: nexttok's decode reads {held / 1e9:.3f} GB a token; the memory read {statistics.median(read):.1f}"
+          f" GB/s ({min(read):.1f}-{max(read):.1f}) over the rounds; decode = {statistics.median(shares):.0f}% "
+          f"({min(shares):.0f}-{max(shares):.0f}%) of what each round's bandwidth allows\n", flush=True)
 
     def ratio(key: str) -> str:
         r = measured[key].ratios
         return f"{statistics.median(r):.2f}x ({min(r):.2f}-{max(r):.2f})"
 
     return (f"{kind:<10}{path.stat().st_size / 1e9:>6.2f}{ratio('decode_tps'):>22}{ratio('sampled_tps'):>22}"
-            f"{ratio('prefill_tps'):>22}{100 * decode / ceiling:>9.0f}%")
+            f"{ratio('prefill_tps'):>22}{statistics.median(shares):>9.0f}%")
 
 
 if __name__ == "__main__":

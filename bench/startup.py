@@ -52,14 +52,17 @@ for (_, before), (name, at) in zip(marks, marks[1:]):
 
 def first_byte(command: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float]:
     """(seconds to the first byte on stdout, seconds to the exit); a failed command raises, naming it."""
-    start = time.perf_counter()
-    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    process.stdout.read(1)
-    first = time.perf_counter() - start
-    _, err = process.communicate()
-    total = time.perf_counter() - start
+    with tempfile.TemporaryFile() as err:  # a file, not a pipe: a long log on stderr cannot block the child
+        start = time.perf_counter()
+        process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=err)
+        process.stdout.read(1)
+        first = time.perf_counter() - start
+        process.communicate()
+        total = time.perf_counter() - start
+        err.seek(0)
+        log = err.read()
     if process.returncode != 0:
-        tail = (err.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+        tail = (log.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"{' '.join(command[:4])} failed: {tail}")
     return first, total
 
@@ -76,7 +79,7 @@ def engines(args, trees: dict[str, Path], model_file: str, binary: Path | None) 
         env = {**os.environ, "PYTHONPATH": str(tree / "src")}
         out[f"nexttok run ({label})"] = ([python, "-m", "nexttok", "run", args.model, args.prompt,
                                           "--max-tokens", "1", "--no-server"], tree, env)
-    if binary is not None and (binary / "llama-cli").is_file():
+    if binary is not None and (binary / "llama-cli").is_file() and model_file.endswith(".gguf"):
         out["llama-cli -n 1 (to its exit)"] = ([str(binary / "llama-cli"), "-m", model_file, "-p", args.prompt,
                                                 "-n", "1", "-st", "--simple-io", "-t", str(args.threads)],
                                                ROOT, dict(os.environ))
@@ -115,8 +118,10 @@ def main() -> None:
         trees = {"this tree": ROOT}
         if args.against:
             worktree = Path(scratch) / "against"
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(worktree), args.against],
-                           check=True, capture_output=True)
+            made = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(worktree),
+                                   args.against], capture_output=True, text=True)
+            if made.returncode != 0:
+                sys.exit(f"--against {args.against}: {(made.stderr.strip().splitlines() or ['git failed'])[-1]}")
             trees[args.against] = worktree
         try:
             times = rounds(engines(args, trees, model_file, llama_cpp_bin(args.llama_cpp_bin)), args.rounds)

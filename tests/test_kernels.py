@@ -128,13 +128,21 @@ def test_product_equals_dequantized_weight_times_8_bit_activation(isa, kind, row
 LARGEST = {"Q8_0": 0x80, "IQ4_NL": 0x00, "IQ4_XS": 0x00, "MXFP4": 0x77}
 
 
+# Q6_K's int8 scales (bytes 192-207 of a block) at -128, the factor of the AVX2 path's vpmaddwd
+SCALE_BYTES = {"Q6_K": (slice(192, 208), 0x80)}
+
+
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("kind", list(kernels.BLOCKS))
+@pytest.mark.parametrize("kind", [*kernels.BLOCKS, "Q6_K at scale -128"])
 def test_largest_weights_times_largest_activations_do_not_overflow(isa, kind):
     """Every weight at its type's largest magnitude and every activation at ±127: the int16 sums of
     vpmaddubsw hold as many chunks as they can without saturating, and no more."""
+    kind, _, scaled = kind.partition(" ")
     _, elems, size = kernels.BLOCKS[kind]
     raw = np.full((9, 512 // elems, size), LARGEST.get(kind, 0xff), dtype=np.uint8)
+    if scaled:
+        at, value = SCALE_BYTES[kind]
+        raw[:, :, at] = value
     for at in F16_FIELDS[kind]:
         raw[:, :, at:at + 2] = np.array([0.01], dtype=np.float16).view(np.uint8)
     if kind == "MXFP4":

@@ -70,11 +70,12 @@ def llama_bench(binary: Path, model: str, threads: int, prompt: int, new: int) -
     return by
 
 
-def _worker(source: str, threads: int, prompt: int, new: int, conn) -> None:
-    """The model loaded once; each message "round" answers {"decode_tps", "prefill_tps"}."""
+def _worker(source: str, threads: int, prompt: int, new: int, conn, bandwidth: bool = False) -> None:
+    """The model loaded once; each message "round" answers {"decode_tps", "sampled_tps", "prefill_tps"}
+    (and "read_gbs", the memory's read bandwidth measured right after the greedy decode, if asked)."""
     import torch
 
-    from nexttok.benchmark import decode_rate, prefill_prompt, random_prompt
+    from nexttok.benchmark import decode_rate, measure_read_bandwidth, prefill_prompt, random_prompt
     from nexttok.checkpoints.loading import load_checkpoint
     from nexttok.generation.parameters import LLAMA_CPP_SAMPLING
     from nexttok.generation.sampling import SamplingParams
@@ -97,18 +98,22 @@ def _worker(source: str, threads: int, prompt: int, new: int, conn) -> None:
         prefill_prompt(model, long)
         prefill_tps = prompt / (time.perf_counter() - start)
         seed += 1
-        conn.send({"prefill_tps": prefill_tps, "decode_tps": decode(new, SamplingParams(temperature=0)),
-                   "sampled_tps": decode(new, SamplingParams(**LLAMA_CPP_SAMPLING, seed=seed))})
+        got = {"prefill_tps": prefill_tps, "decode_tps": decode(new, SamplingParams(temperature=0))}
+        if bandwidth:
+            got["read_gbs"] = measure_read_bandwidth()
+        conn.send({**got, "sampled_tps": decode(new, SamplingParams(**LLAMA_CPP_SAMPLING, seed=seed))})
 
 
 def measure(model: str, binary: Path, *, threads: int = 2, prompt: int = 512, new: int = 128,
-            rounds: int = 5) -> dict[str, Rounds]:
-    """nexttok and llama-bench on `model` (a .gguf), `rounds` alternating rounds: metric -> Rounds."""
+            rounds: int = 5, read_gbs: list[float] | None = None) -> dict[str, Rounds]:
+    """nexttok and llama-bench on `model` (a .gguf), `rounds` alternating rounds: metric -> Rounds.
+    A list given as read_gbs gets the read bandwidth measured in each round after nexttok's decode."""
     if not model.endswith(".gguf"):
         raise ValueError(f"llama-bench runs a .gguf file; {model} is not one")
     context = multiprocessing.get_context("spawn")
     parent, child = context.Pipe()
-    process = context.Process(target=_worker, args=(model, threads, prompt, new, child), daemon=True)
+    process = context.Process(target=_worker, args=(model, threads, prompt, new, child, read_gbs is not None),
+                                  daemon=True)
     process.start()
     try:
         if not parent.poll(600) or parent.recv() != "ready":
@@ -121,6 +126,8 @@ def measure(model: str, binary: Path, *, threads: int = 2, prompt: int = 512, ne
                 if engine == "nexttok":
                     parent.send("round")
                     got = parent.recv()
+                    if read_gbs is not None:
+                        read_gbs.append(got["read_gbs"])
                 else:
                     tg_pp = llama_bench(binary, model, threads, prompt, new)
                     got = {**tg_pp, "sampled_tps": tg_pp["decode_tps"]}

@@ -39,18 +39,22 @@ def entry() -> int:
     """The `nexttok` command's and `python -m nexttok`'s start: main's, then for QUICK_EXIT commands
     in one thread (no --tensor-parallel ranks to close) the output flushed and the process ended at
     once, without collecting every module's objects first. The garbage collector runs every 50,000
-    allocations rather than 700: importing torch and loading a model make a few hundred thousand
+    allocations rather than 700 for those commands: importing torch and loading a model make a few hundred thousand
     objects that live on, and checking them for cycles over and over took ~0.2 s of a run's start."""
-    gc.set_threshold(50_000, 10, 10)
     args = build_parser().parse_args()
+    quick = args.command in QUICK_EXIT
+    if quick:
+        gc.set_threshold(50_000, 10, 10)
     code = dispatch(args)
-    if args.command in QUICK_EXIT and getattr(args, "tensor_parallel", 1) == 1 and threading.active_count() == 1:
+    if quick and getattr(args, "tensor_parallel", 1) == 1 and threading.active_count() == 1:
         logging.shutdown()
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        except (BrokenPipeError, ValueError):  # a reader that stopped, or a stream closed already
-            pass
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (BrokenPipeError, ValueError):  # a reader that stopped, or a stream closed already
+                pass
+            except OSError:  # e.g. a full disk: the output is not whole
+                code = code or 1
         os._exit(code)
     return code
 
@@ -63,6 +67,8 @@ def dispatch(args: argparse.Namespace) -> int:
     try:
         return args.func(args, out)
     except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading (an OSError: first)
+        # what stdout still buffers goes nowhere, rather than failing again as the process ends
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.stderr.close()
         return 0
     except (OSError, ValueError, TypeError) as e:
