@@ -133,11 +133,11 @@ SCALE_BYTES = {"Q6_K": (slice(192, 208), 0x80)}
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("kind", [*kernels.BLOCKS, "Q6_K at scale -128"])
+@pytest.mark.parametrize("kind", [*kernels.BLOCKS, "Q6_K/scale-128"])
 def test_largest_weights_times_largest_activations_do_not_overflow(isa, kind):
     """Every weight at its type's largest magnitude and every activation at ±127: the int16 sums of
     vpmaddubsw hold as many chunks as they can without saturating, and no more."""
-    kind, _, scaled = kind.partition(" ")
+    kind, _, scaled = kind.partition("/")
     _, elems, size = kernels.BLOCKS[kind]
     raw = np.full((9, 512 // elems, size), LARGEST.get(kind, 0xff), dtype=np.uint8)
     if scaled:
