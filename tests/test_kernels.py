@@ -295,4 +295,16 @@ def test_top_k_kept_is_topks():
         kept = (TopK(k).apply(x) > NEG_INF).nonzero()[:, 0]
         ids, values = kernels.top_k_kept(x, k)
         assert torch.equal(ids, kept) and torch.equal(values, x[kept]), (trial, n, k)
+    # vocabulary-sized rows and the usual small k, where only the blocks (of 64) whose max reaches
+    # the k-th highest block max are searched: ascending, descending, all equal, ties, -inf runs
+    rows = {"random": torch.randn(49_152, generator=g), "ascending": torch.arange(49_152.0),
+            "descending": torch.arange(49_152.0).flip(0), "equal": torch.zeros(49_152),
+            "ties": torch.round(torch.randn(151_936, generator=g) * 2) / 2,
+            "ragged": torch.randn(50_001, generator=g)}
+    rows["-inf runs"] = rows["random"].masked_fill(torch.arange(49_152) % 640 < 600, NEG_INF)
+    for name, x in rows.items():
+        for k in (1, 2, 40, 100, 700, 800):
+            kept = (TopK(k).apply(x) > NEG_INF).nonzero()[:, 0]
+            ids, values = kernels.top_k_kept(x, k)
+            assert torch.equal(ids, kept) and torch.equal(values, x[kept]), (name, k)
 
