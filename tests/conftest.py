@@ -331,23 +331,30 @@ def spm_variant_files(trained_spm_json, tmp_path_factory) -> dict[str, Path]:
     return paths
 
 
+def _once_per_name(tmp_path_factory, make):
+    """get(name): make(name, a fresh folder) the first time, the same result after."""
+    made = {}
+
+    def get(name):
+        if name not in made:
+            made[name] = make(name, tmp_path_factory.mktemp(name))
+        return made[name]
+
+    return get
+
+
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     """name -> a tiny_models spec loaded as a Checkpoint (model and tokenizer), written once per module."""
     from nexttok.checkpoints.loading import load_checkpoint
     from tiny_models import write_tiny, write_tiny_tokenizer
 
-    made = {}
+    def make(name, directory):
+        write_tiny(name, directory)
+        write_tiny_tokenizer(directory)
+        return load_checkpoint(directory)
 
-    def get(name):
-        if name not in made:
-            directory = tmp_path_factory.mktemp(name)
-            write_tiny(name, directory)
-            write_tiny_tokenizer(directory)
-            made[name] = load_checkpoint(directory)
-        return made[name]
-
-    return get
+    return _once_per_name(tmp_path_factory, make)
 
 
 @pytest.fixture(scope="module")
@@ -356,15 +363,8 @@ def pairs(tmp_path_factory):
     from nexttok.checkpoints.loading import load_model
     from tiny_models import write_tiny
 
-    made = {}
-
-    def get(name):
-        if name not in made:
-            directory = tmp_path_factory.mktemp(name)
-            made[name] = (write_tiny(name, directory), load_model(directory), directory)
-        return made[name]
-
-    return get
+    return _once_per_name(tmp_path_factory, lambda name, directory: (write_tiny(name, directory),
+                                                                     load_model(directory), directory))
 
 
 @pytest.fixture(scope="module")

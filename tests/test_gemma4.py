@@ -12,7 +12,6 @@ import json
 
 import pytest
 import torch
-import transformers
 
 from nexttok.checkpoints.loading import load_checkpoint, load_model
 from nexttok.generation.loop import Generation, generate
@@ -26,7 +25,7 @@ from nexttok.models.config import ConfigError
 from nexttok.models.registry import from_hf_config, read_config
 from nexttok.parallel.layers import check_world
 from nexttok.server.scheduler import Scheduler
-from tiny_models import SPECS, VOCAB, write_tiny, write_tiny_tokenizer
+from tiny_models import SPECS, VOCAB, write_tiny, write_tiny_gemma4_multimodal, write_tiny_tokenizer
 
 ATOL = 1e-4
 GEMMA4 = ["gemma4", "gemma4_k_eq_v", "gemma4_moe"]
@@ -155,19 +154,7 @@ def test_multimodal_checkpoint_runs_its_text_part(tmp_path):
     """model_type gemma4 (Gemma4ForConditionalGeneration, as every Gemma 4 on the hub): the text
     config nested in text_config, the text model's tensors under model.language_model, the vision
     tower left unread; text in, HF's logits out."""
-    _, text = SPECS["gemma4"]
-    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                  num_key_value_heads=2, head_dim=16, patch_size=4, pooling_kernel_size=2)
-    config = transformers.Gemma4Config(text_config=text, vision_config=vision, audio_config=None,
-                                       image_token_id=VOCAB - 1, boi_token_id=VOCAB - 2, eoi_token_id=VOCAB - 3,
-                                       video_token_id=VOCAB - 4, boa_token_id=VOCAB - 5, eoa_token_index=VOCAB - 6,
-                                       audio_token_id=VOCAB - 7, eos_token_id=[1, 106])
-    torch.manual_seed(0)
-    hf = transformers.Gemma4ForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        for p in hf.parameters():
-            p.normal_(0, 0.2)
-    hf.save_pretrained(tmp_path)
+    hf = write_tiny_gemma4_multimodal(SPECS["gemma4"][1], tmp_path, eos_token_id=[1, 106])
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["model_type"] == "gemma4" and "vision_config" in saved
     ours = load_model(tmp_path)

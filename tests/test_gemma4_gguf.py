@@ -32,6 +32,7 @@ from tiny_models import (
     VOCAB,
     assert_hfs_logits_at_every_step_and_in_a_padded_batch,
     random_ids,
+    write_tiny_gemma4_multimodal,
     write_tiny_tokenizer,
 )
 
@@ -145,18 +146,7 @@ def test_multimodal_checkpoints_text_part_is_written_as_gemma4(tmp_path):
     """Gemma4ForConditionalGeneration (every Gemma 4 on the hub; here gemma-4-E2B's text shape): its
     text model is written, the vision tower left out; the file reads back as the text model with
     HF's logits."""
-    _, text = VARIANTS["gemma4_gguf"]
-    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                  num_key_value_heads=2, head_dim=16, patch_size=4, pooling_kernel_size=2)
-    config = transformers.Gemma4Config(text_config=text, vision_config=vision, audio_config=None,
-                                       image_token_id=VOCAB - 1, boi_token_id=VOCAB - 2, eoi_token_id=VOCAB - 3,
-                                       video_token_id=VOCAB - 4, boa_token_id=VOCAB - 5, eoa_token_index=VOCAB - 6,
-                                       audio_token_id=VOCAB - 7)
-    torch.manual_seed(0)
-    hf = transformers.Gemma4ForConditionalGeneration(config).eval()
-    for p in hf.parameters():
-        p.normal_(0, 0.2)
-    hf.save_pretrained(tmp_path)
+    hf = write_tiny_gemma4_multimodal(VARIANTS["gemma4_gguf"][1], tmp_path)
     write_tiny_tokenizer(tmp_path)
     ours = load_model(write_gguf(tmp_path, tmp_path / "x-F32.gguf"))
     assert ours.config.model_type == "gemma4_text"

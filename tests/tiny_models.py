@@ -186,6 +186,28 @@ CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\
           "{% endif %}")
 
 
+def write_tiny_gemma4_multimodal(text: dict, directory: Path, **config_kwargs):
+    """A Gemma4ForConditionalGeneration (every Gemma 4 on the hub) around the tiny text config `text`:
+    a one-layer vision tower, no audio, its special ids the vocabulary's last 7; random weights as
+    write_tiny's, saved to directory; returns the HF model (eval mode)."""
+    import torch
+    import transformers
+
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                  num_key_value_heads=2, head_dim=16, patch_size=4, pooling_kernel_size=2)
+    config = transformers.Gemma4Config(text_config=text, vision_config=vision, audio_config=None,
+                                       image_token_id=VOCAB - 1, boi_token_id=VOCAB - 2, eoi_token_id=VOCAB - 3,
+                                       video_token_id=VOCAB - 4, boa_token_id=VOCAB - 5, eoa_token_index=VOCAB - 6,
+                                       audio_token_id=VOCAB - 7, **config_kwargs)
+    torch.manual_seed(0)
+    model = transformers.Gemma4ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+    model.save_pretrained(directory)
+    return model
+
+
 def write_tiny(name: str, directory: Path, seed: int = 0, vocab_size: int | None = None, **save_kwargs):
     """Build the HF model for `name` with random weights, save it, return it (eval mode)."""
     import torch
