@@ -262,6 +262,11 @@ static inline void half_scales(const uint8_t* gs, __m256* sc, __m256* mn) {
 // The same scales as int16 factors for vpmaddwd. by[h]: row r's sc of half h in both int16 halves
 // of lane r (times the pairs of a dot's sums); bm: (k·mn₀, k·mn₁) in lane r's two halves (times
 // the activation sums (s₀, s₀) of a row, broadcast), k = 4 (Q3_K), 32 (Q6_K) or 1 (Q2_K's mins).
+// Each 32-bit lane's int16 pair (lo's lane, hi's lane): what vpmaddwd multiplies a lane's pair by.
+static inline __m256i int16_pairs(__m256i lo, __m256i hi) {
+    return _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(hi, 16));
+}
+
 template <int TYPE>
 static inline void half_factors(const uint8_t* gs, __m256i* by, __m256i* bm) {
     constexpr int k = TYPE == NQ_Q3_K ? 4 : TYPE == NQ_Q6_K ? 32 : 1;
@@ -270,10 +275,10 @@ static inline void half_factors(const uint8_t* gs, __m256i* by, __m256i* bm) {
         const __m128i b = _mm_loadl_epi64((const __m128i*)(gs + 8 * h));
         const __m256i v = TYPE == NQ_Q2_K ? _mm256_and_si256(_mm256_cvtepu8_epi32(b), _mm256_set1_epi32(0xf))
                                           : _mm256_cvtepi8_epi32(b);
-        by[h] = _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(v, 16));
+        by[h] = int16_pairs(v, v);
         mn[h] = TYPE == NQ_Q2_K ? _mm256_srli_epi32(_mm256_cvtepu8_epi32(b), 4) : _mm256_mullo_epi32(v, _mm256_set1_epi32(k));
     }
-    *bm = _mm256_or_si256(_mm256_and_si256(mn[0], _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(mn[1], 16));
+    *bm = int16_pairs(mn[0], mn[1]);
 }
 
 // out[r·ldo + 0..7] for the 8 rows of one tile and R activation rows.

@@ -24,8 +24,6 @@ const float* row_of(const at::Tensor& logits, const char* op) {
     return logits.data_ptr<float>();
 }
 
-// The k-th highest value (duplicates counted, as torch.topk(x, k).values[-1]), by a min-heap of
-// the k highest seen: a value joins only when it beats the heap's least.
 // The largest of x[0..n) (max is exact in any order; no NaN reaches here, sample() refuses them
 // first): SSE's maxps on every x86-64 CPU, 8 values a step; elsewhere 8 running maxima.
 float block_max(const float* x, int64_t n) {
@@ -47,9 +45,10 @@ float block_max(const float* x, int64_t n) {
 
 constexpr int64_t BLOCK = 64;  // values looked at one by one only in a block whose max could count
 
-// The k-th highest of x[0..n) (k < n), and each BLOCK's max into tops (for the second pass). The
-// k-th highest block max t is a floor of the answer (k values reach it), so only the values >= t of
-// the blocks whose max reaches t are candidates: about k blocks' worth, where a heap met every value.
+// The k-th highest of x[0..n) (k < n; duplicates counted, as torch.topk(x, k).values[-1]), and each
+// BLOCK's max into tops (for the second pass). The k-th highest block max t is a floor of the answer
+// (k values reach it), so only the values >= t of the blocks whose max reaches t are candidates:
+// about k blocks' worth, where a heap met every value.
 float kth_highest(const float* x, int64_t n, int64_t k, std::vector<float>& tops) {
     for (int64_t b = 0; b < n; b += BLOCK) tops.push_back(block_max(x + b, std::min(n, b + BLOCK) - b));
     float floor = -INFINITY;  // fewer blocks than k: every value is a candidate
