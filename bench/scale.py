@@ -194,28 +194,21 @@ def _one(kind: str, path: Path, binary: Path, args) -> str:
     """One file's table (printed) and its summary row: the ratios' medians (ranges), and the roofline's
     % per round (the read bandwidth measured in the same round, right after nexttok's decode)."""
     from nexttok.bench_native import measure, table
-    from nexttok.benchmark import weight_bytes
-    from nexttok.checkpoints.loading import load_model
 
-    model = load_model(str(path))
-    held = weight_bytes(model)
-    del model
-    read: list[float] = []
+    memory: list[tuple[float, int]] = []
     measured = measure(str(path), binary, threads=args.threads, prompt=args.prompt_tokens, new=args.new_tokens,
-                       rounds=args.rounds, read_gbs=read)
+                       rounds=args.rounds, memory=memory)
     print(table(measured, f"nexttok vs llama-bench on {path}, {args.threads} threads, {args.rounds} rounds "
                 "alternating which runs first; medians (range)", args.prompt_tokens, args.new_tokens))
+    read = [gbs for gbs, _ in memory]
+    held = memory[0][1]
     shares = [100 * tps * held / (gbs * 1e9) for tps, gbs in zip(measured["decode_tps"].ours, read, strict=True)]
     print(f"roofline: nexttok's decode reads {held / 1e9:.3f} GB a token; the memory read {statistics.median(read):.1f}"
           f" GB/s ({min(read):.1f}-{max(read):.1f}) over the rounds; decode = {statistics.median(shares):.0f}% "
           f"({min(shares):.0f}-{max(shares):.0f}%) of what each round's bandwidth allows\n", flush=True)
-
-    def ratio(key: str) -> str:
-        r = measured[key].ratios
-        return f"{statistics.median(r):.2f}x ({min(r):.2f}-{max(r):.2f})"
-
-    return (f"{kind:<10}{path.stat().st_size / 1e9:>6.2f}{ratio('decode_tps'):>22}{ratio('sampled_tps'):>22}"
-            f"{ratio('prefill_tps'):>22}{statistics.median(shares):>9.0f}%")
+    return (f"{kind:<10}{path.stat().st_size / 1e9:>6.2f}{measured['decode_tps'].ratio():>22}"
+            f"{measured['sampled_tps'].ratio():>22}{measured['prefill_tps'].ratio():>22}"
+            f"{statistics.median(shares):>9.0f}%")
 
 
 if __name__ == "__main__":

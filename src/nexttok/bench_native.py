@@ -54,9 +54,12 @@ class Rounds:
         def spread(values: list[float], unit: str = "") -> str:
             return f"{statistics.median(values):.1f}{unit} ({min(values):.1f}-{max(values):.1f})"
 
+        return f"{label:<22}{spread(self.ours):>22}{spread(self.theirs):>22}{self.ratio():>24}"
+
+    def ratio(self) -> str:
+        """The ratios' median (range): "1.53x (1.27-1.55)"."""
         r = self.ratios
-        return (f"{label:<22}{spread(self.ours):>22}{spread(self.theirs):>22}"
-                f"{f'{statistics.median(r):.2f}x ({min(r):.2f}-{max(r):.2f})':>24}")
+        return f"{statistics.median(r):.2f}x ({min(r):.2f}-{max(r):.2f})"
 
 
 def llama_bench(binary: Path, model: str, threads: int, prompt: int, new: int) -> dict[str, float]:
@@ -72,10 +75,11 @@ def llama_bench(binary: Path, model: str, threads: int, prompt: int, new: int) -
 
 def _worker(source: str, threads: int, prompt: int, new: int, conn, bandwidth: bool = False) -> None:
     """The model loaded once; each message "round" answers {"decode_tps", "sampled_tps", "prefill_tps"}
-    (and "read_gbs", the memory's read bandwidth measured right after the greedy decode, if asked)."""
+    (and, if asked, "read_gbs", the memory's read bandwidth measured right after the greedy decode, and
+    "weight_bytes", what a decode step of the loaded model reads)."""
     import torch
 
-    from nexttok.benchmark import decode_rate, measure_read_bandwidth, prefill_prompt, random_prompt
+    from nexttok.benchmark import decode_rate, measure_read_bandwidth, prefill_prompt, random_prompt, weight_bytes
     from nexttok.checkpoints.loading import load_checkpoint
     from nexttok.generation.parameters import LLAMA_CPP_SAMPLING
     from nexttok.generation.sampling import SamplingParams
@@ -100,20 +104,21 @@ def _worker(source: str, threads: int, prompt: int, new: int, conn, bandwidth: b
         seed += 1
         got = {"prefill_tps": prefill_tps, "decode_tps": decode(new, SamplingParams(temperature=0))}
         if bandwidth:
-            got["read_gbs"] = measure_read_bandwidth()
+            got["read_gbs"], got["weight_bytes"] = measure_read_bandwidth(), weight_bytes(model)
         conn.send({**got, "sampled_tps": decode(new, SamplingParams(**LLAMA_CPP_SAMPLING, seed=seed))})
 
 
 def measure(model: str, binary: Path, *, threads: int = 2, prompt: int = 512, new: int = 128,
-            rounds: int = 5, read_gbs: list[float] | None = None) -> dict[str, Rounds]:
+            rounds: int = 5, memory: list[tuple[float, int]] | None = None) -> dict[str, Rounds]:
     """nexttok and llama-bench on `model` (a .gguf), `rounds` alternating rounds: metric -> Rounds.
-    A list given as read_gbs gets the read bandwidth measured in each round after nexttok's decode."""
+    A list given as memory gets, each round, (the read bandwidth in GB/s measured after nexttok's
+    decode, the bytes a decode step reads): the roofline of that round."""
     if not model.endswith(".gguf"):
         raise ValueError(f"llama-bench runs a .gguf file; {model} is not one")
     context = multiprocessing.get_context("spawn")
     parent, child = context.Pipe()
-    process = context.Process(target=_worker, args=(model, threads, prompt, new, child, read_gbs is not None),
-                                  daemon=True)
+    process = context.Process(target=_worker, args=(model, threads, prompt, new, child, memory is not None),
+                              daemon=True)
     process.start()
     try:
         if not parent.poll(600) or parent.recv() != "ready":
@@ -126,8 +131,8 @@ def measure(model: str, binary: Path, *, threads: int = 2, prompt: int = 512, ne
                 if engine == "nexttok":
                     parent.send("round")
                     got = parent.recv()
-                    if read_gbs is not None:
-                        read_gbs.append(got["read_gbs"])
+                    if memory is not None:
+                        memory.append((got["read_gbs"], got["weight_bytes"]))
                 else:
                     tg_pp = llama_bench(binary, model, threads, prompt, new)
                     got = {**tg_pp, "sampled_tps": tg_pp["decode_tps"]}
