@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
@@ -52,8 +53,18 @@ int main(int argc, char** argv) {
     }
     const int64_t tiles = N / NQ_TILE, tile_bytes = K / nq_block_elems(type) * nq_unit_bytes(type);
     std::mt19937 rng(1);
-    std::vector<uint8_t> w(tiles * tile_bytes);
-    for (auto& b : w) b = (uint8_t)rng();
+    // on 2 MiB pages, as the extension holds weights (kernels.huge_pages)
+    const size_t bytes = tiles * tile_bytes, huge = 2u << 20, held = (bytes + huge - 1) / huge * huge;
+    struct Buffer {
+        uint8_t* p;
+        size_t n;
+        ~Buffer() { free(p); }
+        uint8_t* data() const { return p; }
+        size_t size() const { return n; }
+        uint8_t& operator[](size_t i) { return p[i]; }
+    } w{(uint8_t*)aligned_alloc(huge, held), bytes};
+    madvise(w.p, held, MADV_HUGEPAGE);
+    for (size_t i = 0; i < bytes; i++) w[i] = (uint8_t)rng();
     // float16 scales in every unit's header: 2^-7 .. 2^-6 (MXFP4's bytes are E8M0 exponents near 2^-7)
     for (int64_t u = 0; u < (int64_t)w.size() / nq_unit_bytes(type); u++) {
         uint8_t* p = &w[u * nq_unit_bytes(type)];
