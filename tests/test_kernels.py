@@ -124,6 +124,23 @@ def test_product_equals_dequantized_weight_times_8_bit_activation(isa, kind, row
     assert (y.double() - x.double() @ w.T).abs().max() <= 2e-2 * scale  # 8-bit activations' error
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("kind", list(kernels.BLOCKS))
+def test_a_row_gets_the_same_bits_whatever_the_row_count(isa, kind):
+    """What keeps a GGUF model batch invariant in the server (quant.rows_independent): the 8-, 4- and
+    fewer-row steps sum each row's products in one order, bit for bit."""
+    raw = random_blocks(kind, 24, 512, seed=7)
+    weight = kernels.repack(kind, torch.from_numpy(raw), 512)
+    x = torch.randn(19, 512, generator=torch.Generator().manual_seed(3))
+
+    def product(rows: torch.Tensor) -> torch.Tensor:
+        return kernels.mm(kernels.quantize(rows, isa), [weight.tiles], [weight.type_id], [24], isa)
+
+    alone = torch.cat([product(x[i:i + 1]) for i in range(19)])
+    for count in (2, 3, 4, 5, 8, 9, 12, 16, 19):
+        assert torch.equal(product(x[:count]), alone[:count]), count
+
+
 # a byte of quants giving every weight its largest |u| (Q8_0 -128, IQ4's -127, MXFP4's 12), else 0xff
 LARGEST = {"Q8_0": 0x80, "IQ4_NL": 0x00, "IQ4_XS": 0x00, "MXFP4": 0x77}
 

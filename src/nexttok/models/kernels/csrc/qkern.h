@@ -267,8 +267,10 @@ static inline __m256i int16_pairs(__m256i lo, __m256i hi) {
     return _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(hi, 16));
 }
 
+// Built from 32-bit lanes (the 8-row step's way: its registers are full, and these few operations
+// are shared by 8 rows).
 template <int TYPE>
-static inline void half_factors(const uint8_t* gs, __m256i* by, __m256i* bm) {
+static inline void half_factors_by_lane(const uint8_t* gs, __m256i* by, __m256i* bm) {
     constexpr int k = TYPE == NQ_Q3_K ? 4 : TYPE == NQ_Q6_K ? 32 : 1;
     __m256i mn[2];
     for (int h = 0; h < 2; h++) {
@@ -281,14 +283,59 @@ static inline void half_factors(const uint8_t* gs, __m256i* by, __m256i* bm) {
     *bm = int16_pairs(mn[0], mn[1]);
 }
 
+// The same factors from the 16 scale bytes widened to int16 at once and placed by byte shuffles: 8
+// operations where the above takes 15, for the fewer-row steps, where they weigh more per row.
+template <int TYPE>
+static inline void half_factors_by_shuffle(const uint8_t* gs, __m256i* by, __m256i* bm) {
+    const __m128i b = _mm_loadu_si128((const __m128i*)gs);  // half 0's rows 0..7, half 1's rows 0..7
+    __m256i sc, mn;
+    if constexpr (TYPE == NQ_Q2_K) {  // sc | mn << 4
+        const __m256i v = _mm256_cvtepu8_epi16(b);
+        sc = _mm256_and_si256(v, _mm256_set1_epi16(0xf));
+        mn = _mm256_srli_epi16(v, 4);
+    } else {
+        sc = _mm256_cvtepi8_epi16(b);
+        mn = _mm256_slli_epi16(sc, TYPE == NQ_Q3_K ? 2 : 5);  // k·sc (|32·sc| <= 4096)
+    }
+    // row r's int16 twice in lane r: rows 0..3 in the low 128-bit lane, 4..7 in the high one
+    const __m256i twice = _mm256_setr_epi8(0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7,
+                                           8, 9, 8, 9, 10, 11, 10, 11, 12, 13, 12, 13, 14, 15, 14, 15);
+    by[0] = _mm256_shuffle_epi8(_mm256_permute4x64_epi64(sc, 0x44), twice);  // half 0 in both lanes
+    by[1] = _mm256_shuffle_epi8(_mm256_permute4x64_epi64(sc, 0xee), twice);  // half 1
+    // (half 0's, half 1's) of row r in lane r, from 128-bit lanes of (rows 0..3 of both halves),
+    // (rows 4..7 of both halves)
+    const __m256i both = _mm256_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15,
+                                          0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
+    *bm = _mm256_shuffle_epi8(_mm256_permute4x64_epi64(mn, 0xd8), both);
+}
+
+template <int TYPE, int R>
+static inline void half_factors(const uint8_t* gs, __m256i* by, __m256i* bm) {
+    if constexpr (R >= 8) half_factors_by_lane<TYPE>(gs, by, bm);
+    else half_factors_by_shuffle<TYPE>(gs, by, bm);
+}
+
+// Q4_K's and Q5_K's sc_j as vpmaddwd's factors, sc_j twice in lane r (row r): the dots come out as
+// sc_j·Σu·x in integers, which saves converting and multiplying the scales as floats.
+static inline __m256i k_scale_factors(const uint8_t* gs) {
+    const __m256i twice = _mm256_setr_epi8(0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3, -1,
+                                           4, -1, 4, -1, 5, -1, 5, -1, 6, -1, 6, -1, 7, -1, 7, -1);
+    return _mm256_shuffle_epi8(_mm256_broadcastq_epi64(_mm_loadl_epi64((const __m128i*)gs)), twice);
+}
+
 // out[r·ldo + 0..7] for the 8 rows of one tile and R activation rows.
 template <int TYPE, int R>
 static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const float* d, const int16_t* s,
                       const float* ds, float* out, int64_t ldo, int valid) {
     const int gpu = nq_block_elems(TYPE) / 32, ub = nq_unit_bytes(TYPE);
     const int64_t units = K / nq_block_elems(TYPE), G = K / 32;
-    __m256 acc[R];
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    // Q4_K, Q5_K (AVX2): per unit Σ_j sc_j·dot_j·d_j, times the unit's d once, and the min terms
+    // Σ dmin·mn_j·ds_j in sums of their own, subtracted at the end. Inline for 1 and 2 rows; in a
+    // second pass over the tile's scales for more, whose registers are taken. The same sums in the
+    // same order either way: a row's result does not depend on the row count (tested)
+    constexpr bool k_mins = (TYPE == NQ_Q4_K || TYPE == NQ_Q5_K) && !NQ_VNNI, mins_inline = R <= 2;
+    __m256 acc[R], mins[R];
+    for (int r = 0; r < R; r++) acc[r] = mins[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < units; b++) {
         const uint8_t* unit = tile + b * ub;
         // the lines NQ_AHEAD bytes on requested as each unit is read: weights stream from memory once
@@ -298,6 +345,8 @@ static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const flo
         for (int o = 0; o < ub; o += 64) _mm_prefetch((const char*)(unit + NQ_AHEAD + o), _MM_HINT_T0);
         const __m256 dw = header_scales<TYPE>(unit);
         const __m256 second = nq_has_min(TYPE) ? load_f16x8(unit + 16) : _mm256_setzero_ps();
+        __m256 unit_acc[k_mins ? R : 1];  // Q4_K, Q5_K: the unit's Σ sc_j·dot_j·d, times its d once
+        for (int r = 0; r < (k_mins ? R : 1); r++) unit_acc[r] = _mm256_setzero_ps();
         for (int j = 0; j < gpu; j++) {
             const int64_t g = b * gpu + j;
             const uint8_t* gs = group_at(TYPE, unit, j);
@@ -308,7 +357,7 @@ static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const flo
                 // all in integers: Σ sc_h·dot_h and Σ k·mn_h·s_h, one conversion each (Q3_K, Q6_K: one,
                 // as their offset k shares dw's factor: Σ sc_h·(dot_h - k·s_h) = Σ sc_h·Σ (u - k)·x)
                 __m256i by[2], bm;
-                half_factors<TYPE>(gs, by, &bm);
+                half_factors<TYPE, R>(gs, by, &bm);
                 for (int r = 0; r < R; r++) {
                     const int8_t* x = q + r * K + 32 * g;
                     const __m256 da = _mm256_set1_ps(d[r * G + g]);
@@ -341,6 +390,14 @@ static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const flo
                     acc[r] = _mm256_fmadd_ps(m, B, acc[r]);
                 }
 #endif
+            } else if constexpr (k_mins) {
+                const __m256i by = k_scale_factors(gs);
+                const __m256 dmin_mn = _mm256_mul_ps(load_i8x8(gs + 8, false), second);
+                for (int r = 0; r < R; r++) {
+                    const __m256 dot = _mm256_cvtepi32_ps(dot_chunks<TYPE, 0, 8>(w, q + r * K + 32 * g, by));
+                    unit_acc[r] = _mm256_fmadd_ps(dot, _mm256_set1_ps(d[r * G + g]), unit_acc[r]);
+                    if constexpr (mins_inline) mins[r] = _mm256_fmadd_ps(dmin_mn, _mm256_set1_ps(ds[r * G + g]), mins[r]);
+                }
             } else {
                 __m256 A, B;
                 group_ab<TYPE>(dw, second, gs, &A, &B);
@@ -351,8 +408,22 @@ static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const flo
                 }
             }
         }
+        if constexpr (k_mins)
+            for (int r = 0; r < R; r++) acc[r] = _mm256_fmadd_ps(unit_acc[r], dw, acc[r]);
+    }
+    if constexpr (k_mins && !mins_inline) {
+        for (int64_t b = 0; b < units; b++) {
+            const uint8_t* unit = tile + b * ub;
+            const __m256 second = load_f16x8(unit + 16);
+            for (int j = 0; j < gpu; j++) {
+                const int64_t g = b * gpu + j;
+                const __m256 dmin_mn = _mm256_mul_ps(load_i8x8(group_at(TYPE, unit, j) + 8, false), second);
+                for (int r = 0; r < R; r++) mins[r] = _mm256_fmadd_ps(dmin_mn, _mm256_set1_ps(ds[r * G + g]), mins[r]);
+            }
+        }
     }
     for (int r = 0; r < R; r++) {
+        if constexpr (k_mins) acc[r] = _mm256_sub_ps(acc[r], mins[r]);
         if (valid == NQ_TILE) {
             _mm256_storeu_ps(out + r * ldo, acc[r]);
         } else {
