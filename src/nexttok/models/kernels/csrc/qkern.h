@@ -229,6 +229,25 @@ static inline __m256i dot_chunks(const __m256i* w, const int8_t* x, __m256i by =
     return acc;
 }
 
+// The same Σ u·x for one activation row with each chunk unpacked next to its product rather than
+// all 8 first: a single row uses each chunk once, and the 8 chunks of the types with high bits
+// (Q3_K, Q5_K, Q6_K), with their temporaries, overflowed the 16 registers. Unsigned weights only.
+template <int TYPE, int C, int C1>
+static inline __m256i sum16_unpacked(const uint8_t* p, const int8_t* x) {
+    static_assert(!signed_weights(TYPE), "the sign trick is dot_chunks'");
+    const __m256i product = _mm256_maddubs_epi16(chunk<TYPE, C>(p, codebook<TYPE>()), bcast4(x + 4 * C));
+    if constexpr (C + 1 < C1) return _mm256_add_epi16(product, sum16_unpacked<TYPE, C + 1, C1>(p, x));
+    else return product;
+}
+
+template <int TYPE, int C0, int C1>
+static inline __m256i dot_unpacked(const uint8_t* p, const int8_t* x, __m256i by) {
+    constexpr int run = 32767 / (2 * 127 * weight_max(TYPE)), n = run < C1 - C0 ? run : C1 - C0;
+    const __m256i part = _mm256_madd_epi16(sum16_unpacked<TYPE, C0, C0 + n>(p, x), by);
+    if constexpr (C0 + n < C1) return _mm256_add_epi32(part, dot_unpacked<TYPE, C0 + n, C1>(p, x, by));
+    else return part;
+}
+
 // A and B of w = A·u + B for 8 rows, types with one scale per 32 values.
 template <int TYPE>
 static inline void group_ab(__m256 dw, __m256 second, const uint8_t* gs, __m256* A, __m256* B) {
@@ -334,6 +353,9 @@ static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const flo
     // second pass over the tile's scales for more, whose registers are taken. The same sums in the
     // same order either way: a row's result does not depend on the row count (tested)
     constexpr bool k_mins = (TYPE == NQ_Q4_K || TYPE == NQ_Q5_K) && !NQ_VNNI, mins_inline = R <= 2;
+    // one row: Q3_K, Q5_K, Q6_K unpack each chunk as its product needs it (dot_unpacked); Q2_K and
+    // Q4_K, whose chunks are a shift and an and away, lost 2-3% so
+    constexpr bool unpack_as_used = R == 1 && (TYPE == NQ_Q3_K || TYPE == NQ_Q5_K || TYPE == NQ_Q6_K) && !NQ_VNNI;
     __m256 acc[R], mins[R];
     for (int r = 0; r < R; r++) acc[r] = mins[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < units; b++) {
@@ -351,7 +373,7 @@ static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const flo
             const int64_t g = b * gpu + j;
             const uint8_t* gs = group_at(TYPE, unit, j);
             __m256i w[8];
-            group_chunks<TYPE>(gs + nq_group_scales(TYPE), w);
+            if constexpr (!unpack_as_used) group_chunks<TYPE>(gs + nq_group_scales(TYPE), w);
             if constexpr (nq_per16(TYPE)) {  // Σ = dw·da·(sc₀·dot₀ + sc₁·dot₁) + B·da·(mn₀·s₀ + mn₁·s₁)
 #if !NQ_VNNI
                 // all in integers: Σ sc_h·dot_h and Σ k·mn_h·s_h, one conversion each (Q3_K, Q6_K: one,
@@ -361,8 +383,11 @@ static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const flo
                 for (int r = 0; r < R; r++) {
                     const int8_t* x = q + r * K + 32 * g;
                     const __m256 da = _mm256_set1_ps(d[r * G + g]);
-                    const __m256i t = _mm256_add_epi32(dot_chunks<TYPE, 0, 4>(w, x, by[0]),
-                                                       dot_chunks<TYPE, 4, 8>(w, x, by[1]));
+                    const uint8_t* p = gs + nq_group_scales(TYPE);
+                    const __m256i t = unpack_as_used ? _mm256_add_epi32(dot_unpacked<TYPE, 0, 4>(p, x, by[0]),
+                                                                        dot_unpacked<TYPE, 4, 8>(p, x, by[1]))
+                                                     : _mm256_add_epi32(dot_chunks<TYPE, 0, 4>(w, x, by[0]),
+                                                                        dot_chunks<TYPE, 4, 8>(w, x, by[1]));
                     int32_t pair;  // the row's two sums of 16, adjacent int16
                     memcpy(&pair, s + r * 2 * G + 2 * g, 4);
                     const __m256i m = _mm256_madd_epi16(_mm256_set1_epi32(pair), bm);
@@ -394,7 +419,9 @@ static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const flo
                 const __m256i by = k_scale_factors(gs);
                 const __m256 dmin_mn = _mm256_mul_ps(load_i8x8(gs + 8, false), second);
                 for (int r = 0; r < R; r++) {
-                    const __m256 dot = _mm256_cvtepi32_ps(dot_chunks<TYPE, 0, 8>(w, q + r * K + 32 * g, by));
+                    const __m256 dot = _mm256_cvtepi32_ps(unpack_as_used
+                        ? dot_unpacked<TYPE, 0, 8>(gs + nq_group_scales(TYPE), q + r * K + 32 * g, by)
+                        : dot_chunks<TYPE, 0, 8>(w, q + r * K + 32 * g, by));
                     unit_acc[r] = _mm256_fmadd_ps(dot, _mm256_set1_ps(d[r * G + g]), unit_acc[r]);
                     if constexpr (mins_inline) mins[r] = _mm256_fmadd_ps(dmin_mn, _mm256_set1_ps(ds[r * G + g]), mins[r]);
                 }
