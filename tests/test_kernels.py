@@ -166,11 +166,13 @@ def test_largest_weights_times_largest_activations_do_not_overflow(isa, kind):
         raw[:, :, 0] = 127
     raw = raw.reshape(9, -1)
     weight = kernels.repack(kind, torch.from_numpy(raw), 512)
-    x = torch.ones(2, 512)
-    x[1] = -1
-    y = kernels.mm(kernels.quantize(x, isa), [weight.tiles], [weight.type_id], [9], isa)
     w = reference(kind, raw).double()
-    assert ((y.double() - x.double() @ w.T).abs() <= 1e-5 * (x.abs().double() @ w.abs().T)).all()
+    x = torch.ones(9, 512)
+    x[1::2] = -1
+    for rows in (1, 2, 9):  # the one-row, the fewer-row and the 8-row steps
+        y = kernels.mm(kernels.quantize(x[:rows], isa), [weight.tiles], [weight.type_id], [9], isa)
+        bound = 1e-5 * (x[:rows].abs().double() @ w.abs().T)
+        assert ((y.double() - x[:rows].double() @ w.T).abs() <= bound).all(), rows
 
 
 @pytest.mark.parametrize("isa", ISAS)

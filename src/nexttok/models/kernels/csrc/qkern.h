@@ -203,7 +203,8 @@ static inline __m256i bcast4(const int8_t* x) {
 }
 
 // Σ over chunks C0..C1-1 of u·x for one activation row x (32 int8), lane r = row r. AVX2: times
-// `by`, each 32-bit lane's int16 factor twice (vpmaddwd's; ones: 1), the per-16 types' scale.
+// `by`, each 32-bit lane's int16 factor twice (vpmaddwd's; ones: 1): the per-16 types' scale of
+// the half, or Q4_K's and Q5_K's sc_j.
 template <int TYPE, int C0, int C1>
 static inline __m256i dot_chunks(const __m256i* w, const int8_t* x, __m256i by = _mm256_set1_epi16(1)) {
     __m256i acc = _mm256_setzero_si256();
@@ -280,7 +281,7 @@ static inline void half_scales(const uint8_t* gs, __m256* sc, __m256* mn) {
 
 // The same scales as int16 factors for vpmaddwd. by[h]: row r's sc of half h in both int16 halves
 // of lane r (times the pairs of a dot's sums); bm: (k·mn₀, k·mn₁) in lane r's two halves (times
-// the activation sums (s₀, s₀) of a row, broadcast), k = 4 (Q3_K), 32 (Q6_K) or 1 (Q2_K's mins).
+// the activation sums (s₀, s₁) of a row, broadcast), k = 4 (Q3_K), 32 (Q6_K) or 1 (Q2_K's mins).
 // Each 32-bit lane's int16 pair (lo's lane, hi's lane): what vpmaddwd multiplies a lane's pair by.
 static inline __m256i int16_pairs(__m256i lo, __m256i hi) {
     return _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(hi, 16));
@@ -302,8 +303,8 @@ static inline void half_factors_by_lane(const uint8_t* gs, __m256i* by, __m256i*
     *bm = int16_pairs(mn[0], mn[1]);
 }
 
-// The same factors from the 16 scale bytes widened to int16 at once and placed by byte shuffles: 8
-// operations where the above takes 15, for the fewer-row steps, where they weigh more per row.
+// The same factors from the 16 scale bytes widened to int16 at once and placed by byte shuffles:
+// 8-10 operations where the above takes 15-17, for the fewer-row steps, where they weigh more per row.
 template <int TYPE>
 static inline void half_factors_by_shuffle(const uint8_t* gs, __m256i* by, __m256i* bm) {
     const __m128i b = _mm_loadu_si128((const __m128i*)gs);  // half 0's rows 0..7, half 1's rows 0..7
@@ -384,10 +385,12 @@ static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const flo
                     const int8_t* x = q + r * K + 32 * g;
                     const __m256 da = _mm256_set1_ps(d[r * G + g]);
                     const uint8_t* p = gs + nq_group_scales(TYPE);
-                    const __m256i t = unpack_as_used ? _mm256_add_epi32(dot_unpacked<TYPE, 0, 4>(p, x, by[0]),
-                                                                        dot_unpacked<TYPE, 4, 8>(p, x, by[1]))
-                                                     : _mm256_add_epi32(dot_chunks<TYPE, 0, 4>(w, x, by[0]),
-                                                                        dot_chunks<TYPE, 4, 8>(w, x, by[1]));
+                    __m256i t;
+                    if constexpr (unpack_as_used)
+                        t = _mm256_add_epi32(dot_unpacked<TYPE, 0, 4>(p, x, by[0]),
+                                             dot_unpacked<TYPE, 4, 8>(p, x, by[1]));
+                    else
+                        t = _mm256_add_epi32(dot_chunks<TYPE, 0, 4>(w, x, by[0]), dot_chunks<TYPE, 4, 8>(w, x, by[1]));
                     int32_t pair;  // the row's two sums of 16, adjacent int16
                     memcpy(&pair, s + r * 2 * G + 2 * g, 4);
                     const __m256i m = _mm256_madd_epi16(_mm256_set1_epi32(pair), bm);
@@ -419,9 +422,11 @@ static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const flo
                 const __m256i by = k_scale_factors(gs);
                 const __m256 dmin_mn = _mm256_mul_ps(load_i8x8(gs + 8, false), second);
                 for (int r = 0; r < R; r++) {
-                    const __m256 dot = _mm256_cvtepi32_ps(unpack_as_used
-                        ? dot_unpacked<TYPE, 0, 8>(gs + nq_group_scales(TYPE), q + r * K + 32 * g, by)
-                        : dot_chunks<TYPE, 0, 8>(w, q + r * K + 32 * g, by));
+                    __m256i sum;
+                    const int8_t* x = q + r * K + 32 * g;
+                    if constexpr (unpack_as_used) sum = dot_unpacked<TYPE, 0, 8>(gs + nq_group_scales(TYPE), x, by);
+                    else sum = dot_chunks<TYPE, 0, 8>(w, x, by);
+                    const __m256 dot = _mm256_cvtepi32_ps(sum);
                     unit_acc[r] = _mm256_fmadd_ps(dot, _mm256_set1_ps(d[r * G + g]), unit_acc[r]);
                     if constexpr (mins_inline) mins[r] = _mm256_fmadd_ps(dmin_mn, _mm256_set1_ps(ds[r * G + g]), mins[r]);
                 }
@@ -489,7 +494,8 @@ static inline Factors factors(int type, const uint8_t* unit, const uint8_t* gs, 
     return f;
 }
 
-// The portable path: the same sums, one row of the tile at a time.
+// The portable path: the same integer sums, one row of the tile at a time (the float ones in
+// another order than AVX2's for Q4_K and Q5_K, whose mins AVX2 subtracts at the end).
 template <int TYPE, int R>
 static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const float* d, const int16_t* s,
                       const float* ds, float* out, int64_t ldo, int valid) {
