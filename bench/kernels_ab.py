@@ -26,19 +26,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+from nexttok.cpu import cpu_flags
+
 ROOT = Path(__file__).resolve().parent.parent
 CSRC = "src/nexttok/models/kernels/csrc"
 TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13,
          "Q6_K": 14, "IQ4_NL": 20, "IQ4_XS": 23, "MXFP4": 39}
 UNIT = {"avx2": "q_avx2.cpp", "avx512-vnni": "q_vnni.cpp"}
-
-
-def cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    return next((set(line.split(":", 1)[1].split()) for line in text.splitlines() if line.startswith("flags")), set())
 
 
 def source(ref: str | None, name: str) -> str:

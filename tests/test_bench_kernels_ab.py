@@ -8,17 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from nexttok.cpu import cpu_flags
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "kernels_ab.py"
 
 
-def flags() -> set[str]:
-    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
-    return next((set(line.split(":", 1)[1].split()) for line in text.splitlines() if line.startswith("flags")), set())
-
-
 needs = pytest.mark.skipif(
-    "avx2" not in flags() or not shutil.which("g++") or not (ROOT / ".git").exists(),
+    "avx2" not in cpu_flags() or not shutil.which("g++") or not (ROOT / ".git").exists(),
     reason="needs an AVX2 CPU, g++ and this repository's git history")
 
 

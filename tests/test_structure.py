@@ -109,7 +109,7 @@ def test_files_and_functions_stay_short(path: Path):
 # The pipeline's layers, lowest first: a module imports only from its own layer or those below it
 # (README, "Architecture"). Within a layer, packages do not import each other.
 LAYERS = [
-    ("nexttok.errors", "nexttok.home"),
+    ("nexttok.errors", "nexttok.home", "nexttok.cpu"),
     ("nexttok.tokenizers",),
     ("nexttok.models",),
     ("nexttok.checkpoints",),

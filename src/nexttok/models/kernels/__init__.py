@@ -40,6 +40,7 @@ from pathlib import Path
 
 import torch
 
+from nexttok.cpu import cpu_flags
 from nexttok.home import cache_home
 
 CSRC = Path(__file__).parent / "csrc"
@@ -143,11 +144,7 @@ FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vn
 def describe() -> str:
     """What the kernels dispatch to here, and the CPU's features they could use, in one line:
     "avx512-vnni (CPU: avx2 fma f16c avx512f ... amx_int8)"."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        flags = []
+    flags = cpu_flags()
     have = " ".join(f for f in FEATURES if f in flags) or "features unknown"
     isa = ISAS[best_isa()] if available() else "unavailable (torch's kernels)"
     return f"{isa} (CPU: {have})"
