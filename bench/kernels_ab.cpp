@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -55,18 +56,12 @@ int main(int argc, char** argv) {
     std::mt19937 rng(1);
     // on 2 MiB pages, as the extension holds weights (kernels.huge_pages)
     const size_t bytes = tiles * tile_bytes, huge = 2u << 20, held = (bytes + huge - 1) / huge * huge;
-    struct Buffer {
-        uint8_t* p;
-        size_t n;
-        ~Buffer() { free(p); }
-        uint8_t* data() const { return p; }
-        size_t size() const { return n; }
-        uint8_t& operator[](size_t i) { return p[i]; }
-    } w{(uint8_t*)aligned_alloc(huge, held), bytes};
-    madvise(w.p, held, MADV_HUGEPAGE);
+    std::unique_ptr<uint8_t, decltype(&free)> weights((uint8_t*)aligned_alloc(huge, held), free);
+    uint8_t* w = weights.get();
+    madvise(w, held, MADV_HUGEPAGE);
     for (size_t i = 0; i < bytes; i++) w[i] = (uint8_t)rng();
     // float16 scales in every unit's header: 2^-7 .. 2^-6 (MXFP4's bytes are E8M0 exponents near 2^-7)
-    for (int64_t u = 0; u < (int64_t)w.size() / nq_unit_bytes(type); u++) {
+    for (int64_t u = 0; u < (int64_t)bytes / nq_unit_bytes(type); u++) {
         uint8_t* p = &w[u * nq_unit_bytes(type)];
         if (type == NQ_MXFP4) {
             for (int i = 0; i < NQ_TILE; i++) p[i] = (uint8_t)(120 + rng() % 4);
@@ -89,7 +84,7 @@ int main(int argc, char** argv) {
 #pragma omp parallel
         {
             const int i = omp_get_thread_num(), n = omp_get_num_threads();
-            fn(type, w.data(), tiles * i / n, tiles * (i + 1) / n, N, K, q.data(), d.data(), s.data(), ds.data(), M,
+            fn(type, w, tiles * i / n, tiles * (i + 1) / n, N, K, q.data(), d.data(), s.data(), ds.data(), M,
                out, N);
         }
     };

@@ -343,6 +343,12 @@ static inline __m256i k_scale_factors(const uint8_t* gs) {
     return _mm256_shuffle_epi8(_mm256_broadcastq_epi64(_mm_loadl_epi64((const __m128i*)gs)), twice);
 }
 
+// Their min factors dmin·mn_j of 8 rows (second: the unit's dmin), for the inline sums and the
+// second pass alike: one product, so both sum the same values.
+static inline __m256 k_dmin_mn(const uint8_t* gs, __m256 second) {
+    return _mm256_mul_ps(load_i8x8(gs + 8, false), second);
+}
+
 // out[r·ldo + 0..7] for the 8 rows of one tile and R activation rows.
 template <int TYPE, int R>
 static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const float* d, const int16_t* s,
@@ -373,8 +379,9 @@ static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const flo
         for (int j = 0; j < gpu; j++) {
             const int64_t g = b * gpu + j;
             const uint8_t* gs = group_at(TYPE, unit, j);
+            const uint8_t* planes = gs + nq_group_scales(TYPE);
             __m256i w[8];
-            if constexpr (!unpack_as_used) group_chunks<TYPE>(gs + nq_group_scales(TYPE), w);
+            if constexpr (!unpack_as_used) group_chunks<TYPE>(planes, w);
             if constexpr (nq_per16(TYPE)) {  // Σ = dw·da·(sc₀·dot₀ + sc₁·dot₁) + B·da·(mn₀·s₀ + mn₁·s₁)
 #if !NQ_VNNI
                 // all in integers: Σ sc_h·dot_h and Σ k·mn_h·s_h, one conversion each (Q3_K, Q6_K: one,
@@ -384,11 +391,10 @@ static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const flo
                 for (int r = 0; r < R; r++) {
                     const int8_t* x = q + r * K + 32 * g;
                     const __m256 da = _mm256_set1_ps(d[r * G + g]);
-                    const uint8_t* p = gs + nq_group_scales(TYPE);
                     __m256i t;
                     if constexpr (unpack_as_used)
-                        t = _mm256_add_epi32(dot_unpacked<TYPE, 0, 4>(p, x, by[0]),
-                                             dot_unpacked<TYPE, 4, 8>(p, x, by[1]));
+                        t = _mm256_add_epi32(dot_unpacked<TYPE, 0, 4>(planes, x, by[0]),
+                                             dot_unpacked<TYPE, 4, 8>(planes, x, by[1]));
                     else
                         t = _mm256_add_epi32(dot_chunks<TYPE, 0, 4>(w, x, by[0]), dot_chunks<TYPE, 4, 8>(w, x, by[1]));
                     int32_t pair;  // the row's two sums of 16, adjacent int16
@@ -420,11 +426,11 @@ static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const flo
 #endif
             } else if constexpr (k_mins) {
                 const __m256i by = k_scale_factors(gs);
-                const __m256 dmin_mn = _mm256_mul_ps(load_i8x8(gs + 8, false), second);
+                const __m256 dmin_mn = k_dmin_mn(gs, second);
                 for (int r = 0; r < R; r++) {
                     __m256i sum;
                     const int8_t* x = q + r * K + 32 * g;
-                    if constexpr (unpack_as_used) sum = dot_unpacked<TYPE, 0, 8>(gs + nq_group_scales(TYPE), x, by);
+                    if constexpr (unpack_as_used) sum = dot_unpacked<TYPE, 0, 8>(planes, x, by);
                     else sum = dot_chunks<TYPE, 0, 8>(w, x, by);
                     const __m256 dot = _mm256_cvtepi32_ps(sum);
                     unit_acc[r] = _mm256_fmadd_ps(dot, _mm256_set1_ps(d[r * G + g]), unit_acc[r]);
@@ -449,7 +455,7 @@ static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const flo
             const __m256 second = load_f16x8(unit + 16);
             for (int j = 0; j < gpu; j++) {
                 const int64_t g = b * gpu + j;
-                const __m256 dmin_mn = _mm256_mul_ps(load_i8x8(group_at(TYPE, unit, j) + 8, false), second);
+                const __m256 dmin_mn = k_dmin_mn(group_at(TYPE, unit, j), second);
                 for (int r = 0; r < R; r++) mins[r] = _mm256_fmadd_ps(dmin_mn, _mm256_set1_ps(ds[r * G + g]), mins[r]);
             }
         }
