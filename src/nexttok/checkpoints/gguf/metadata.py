@@ -1,8 +1,10 @@
 """The metadata and tensor table of a GGUF file, as the third-party `gguf` package parses them.
 
 The package's reader is wrapped so that a cut-short file says it is truncated (and where) instead of
-failing inside numpy, and what it parsed is kept as a JSON index in the nexttok cache: parsing a
-49k-token vocabulary takes ~2 s (Gemma 3's 262k: ~9 s), reading the index almost nothing.
+failing inside numpy, and its arrays are read in one pass (the package reads each item through numpy:
+~2 s for a 49k-token vocabulary, 7 s for Gemma 3's 262k, 13 s for Gemma 4's with its 515k merges;
+in one pass 0.5, 1.5 and 2.5 s). What it parsed is kept as a JSON index in the nexttok cache, and
+reading the index takes almost nothing.
 Mapping this metadata to HF's config and tokenizer is gguf.py's job.
 
     meta, entries = read_metadata(Path("SmolLM2-135M-Instruct.Q4_1.gguf"))
@@ -37,10 +39,10 @@ class TensorEntry:
 
 
 def read_metadata(path: Path, index_dir: Path | None = None) -> tuple[dict, list[TensorEntry]]:
-    """The file's metadata fields and tensor table, as the `gguf` package parses them (~2 s for a
-    49k-token vocabulary: it reads every item through numpy). With index_dir, they are kept there
-    as JSON, keyed by the file's content, and the next open reads only that. What is kept is the
-    file's own metadata, not our mapping of it: a newer nexttok maps it anew."""
+    """The file's metadata fields and tensor table, as the `gguf` package parses them. With
+    index_dir, they are kept there as JSON, keyed by the file's content, and the next open reads
+    only that. What is kept is the file's own metadata, not our mapping of it: a newer nexttok maps
+    it anew."""
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {path}")
     index = index_dir / f"{path.stem}-{fingerprint(path)}.meta.json" if index_dir is not None else None
@@ -118,6 +120,13 @@ def _checked_reader(gguf):
                                  "(metadata and tensor table)")
             return super()._get(offset, dtype, count, *args, **kwargs)
 
+        def _get_field_parts(self, orig_offs, raw_type, *args, **kwargs):
+            if self.byte_order == "I" and raw_type == gguf.GGUFValueType.ARRAY:
+                parts = _array_parts(self, gguf, orig_offs)
+                if parts is not None:
+                    return parts
+            return super()._get_field_parts(orig_offs, raw_type, *args, **kwargs)
+
         def _build_tensors(self, start_offs, fields, *args, **kwargs):
             ends = {}
             for info in fields:
@@ -135,6 +144,37 @@ def _checked_reader(gguf):
             return super()._build_tensors(start_offs, fields, *args, **kwargs)
 
     return CheckedReader
+
+
+def _array_parts(reader, gguf, offset: int):
+    """The parts gguf's reader makes of an array of strings or numbers (a length and a bytes part per
+    string, a one-item part per number), made without its per-item numpy reads: those took ~10 s of
+    the ~13 s that a 262k-token vocabulary with 515k merges took to parse. None for arrays of arrays
+    (the reader's own code reads those)."""
+    import numpy as np
+
+    kind, count = reader._get(offset, np.uint32), reader._get(offset + 4, np.uint64)
+    item = gguf.GGUFValueType(int(kind[0]))
+    start, n, data = offset + 12, int(count[0]), reader.data
+    parts: list = [kind, count]
+    types = [gguf.GGUFValueType.ARRAY] + [item] * (n > 0)  # as the reader's: no item type when empty
+    if item == gguf.GGUFValueType.STRING:
+        view, lengths, end = memoryview(data), np.dtype("<u8"), len(data)
+        for _ in range(n):
+            if start + 8 > end:
+                reader._get(start, np.uint64)  # raises _Truncated, naming where the file ends
+            size = int.from_bytes(view[start:start + 8], "little")
+            if start + 8 + size > end:
+                reader._get(start + 8, np.uint8, size)
+            parts += (data[start:start + 8].view(lengths), data[start + 8:start + 8 + size])
+            start += 8 + size
+        return start - offset, parts, list(range(3, len(parts), 2)), types
+    dtype = reader.gguf_scalar_to_np.get(item)
+    if dtype is None:
+        return None
+    values = reader._get(start, dtype, n)  # checked against the end of the file
+    parts += (values[i:i + 1] for i in range(n))
+    return 12 + int(values.nbytes), parts, list(range(2, n + 2)), types
 
 
 def _fields(reader) -> dict:
