@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from corpus import chunks, corpus
+from hf_gguf import reads_gguf_once
 from nexttok.checkpoints.bundled import DEFAULT_MODEL, bundled_model_file
 from nexttok.checkpoints.convert import convert_gguf
 from nexttok.checkpoints.export import write_gguf
@@ -52,7 +53,8 @@ def test_logits_match_hf_loading_the_gguf(ours):
     from transformers import AutoModelForCausalLM
 
     gguf = bundled_model_file(DEFAULT_MODEL)
-    hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
+    with reads_gguf_once():
+        hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
     model, tokenizer = ours
     ids = torch.tensor([tokenizer.encode(PROMPT + " Paris. It is known for")])
     torch.testing.assert_close(model(ids), hf(ids).logits, atol=1e-4, rtol=0)
@@ -76,7 +78,8 @@ def test_tokenizer_matches_hf_gguf_tokenizer(ours):
     from transformers import AutoTokenizer
 
     gguf = bundled_model_file(DEFAULT_MODEL)
-    hf = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    with reads_gguf_once():
+        hf = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     _, tokenizer = ours
     # HF's GGUF converter has no entry for llama.cpp's "smollm" pre-tokenizer, so it misses
     # SmolLM's one-digit-per-token rule; compare on text without digits, and digits apart.

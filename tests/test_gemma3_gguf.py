@@ -12,12 +12,11 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import pytest
 import torch
 
+from hf_gguf import reads_gguf_once
 from nexttok.checkpoints import bundled
 from nexttok.checkpoints.bundled import BUNDLED_MODELS, bundled_model_file
 from nexttok.checkpoints.convert import convert_gguf
@@ -211,29 +210,11 @@ def test_joined_once_into_the_cache_and_again_when_cut_short(gemma_file, tmp_pat
     assert [p.name for p in cut.parent.iterdir()] == [gemma_file.name]  # no temporary left behind
 
 
-@contextlib.contextmanager
-def _plain_array_reader():
-    """HF reads the GGUF through gguf.GGUFReader, which slices an np.memmap ~1M times for a 262k
-    vocabulary (~20 s per parse, twice per from_pretrained). The same bytes as a plain ndarray view
-    parse ~4x faster; nothing else changes."""
-    import gguf
-
-    class Reader(gguf.GGUFReader):
-        def _get(self, offset, dtype, count=1, *args, **kwargs):
-            if type(self.data) is np.memmap:
-                self.data = self.data.view(np.ndarray)
-            return super()._get(offset, dtype, count, *args, **kwargs)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(gguf, "GGUFReader", Reader)
-        yield
-
-
 @pytest.fixture(scope="module")
 def hf_gemma(gemma_file):
     from transformers import AutoModelForCausalLM
 
-    with _plain_array_reader():
+    with reads_gguf_once():
         return AutoModelForCausalLM.from_pretrained(gemma_file.parent, gguf_file=gemma_file.name,
                                                     dtype=torch.float32).eval()
 
