@@ -94,9 +94,9 @@ def _values(name: str, dims: tuple[int, ...], rng: np.random.Generator) -> np.nd
 
 def _copy_tokenizer(writer, source: Path, vocab: int) -> None:
     """Every tokenizer.* key of `source`, its vocabulary checked against the shape's."""
-    import gguf
+    from nexttok.checkpoints.gguf.metadata import gguf_reader
 
-    reader = gguf.GGUFReader(str(source))
+    reader = gguf_reader(source)
     tokens = reader.fields["tokenizer.ggml.tokens"]
     if len(tokens.data) != vocab:
         raise ValueError(f"{source} has {len(tokens.data)} tokens, the shape {vocab}")

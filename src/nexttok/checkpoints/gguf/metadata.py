@@ -52,7 +52,7 @@ def read_metadata(path: Path, index_dir: Path | None = None) -> tuple[dict, list
             return data["meta"], [TensorEntry(**{**e, "dims": tuple(e["dims"])}) for e in data["entries"]]
         except (ValueError, KeyError, TypeError):
             pass  # a damaged index: parse the file again and rewrite it
-    reader = _reader(path)
+    reader = gguf_reader(path)
     meta = _fields(reader)
     entries = [TensorEntry(t.name, t.tensor_type.name, tuple(int(d) for d in reversed(t.shape)),
                            int(t.data_offset), int(t.n_bytes)) for t in reader.tensors]
@@ -85,7 +85,9 @@ class _Truncated(Exception):
     """The file ends before the bytes its header says it holds."""
 
 
-def _reader(path: Path):
+def gguf_reader(path: Path):
+    """The `gguf` package's GGUFReader over path, its arrays read in one pass and every read checked
+    against the end of the file (GGUFError: truncated, or not a GGUF file)."""
     try:
         import gguf  # the third-party package (absolute import), not this module
     except ImportError:
