@@ -52,6 +52,10 @@ def test_the_default_model_decodes_every_layer_fused_with_the_eager_logits(defau
     assert all(op is not None for op in default_model.fused.layers)
     prompt = torch.randint(0, default_model.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))
     assert_same_logits(default_model, prompt, steps=16)
+    cache = KVCache.for_model(default_model.config, max_len=8)
+    first = torch.zeros(1, dtype=torch.long)
+    runs = default_model.fused._runs(cache, cache, {None: first})
+    assert [run[:2] for run in runs] == [[0, 30]] and runs[0][2] is first  # the whole step: one C++ call
 
 
 def test_a_batch_of_two_rows_gives_each_rows_eager_logits(default_model):
@@ -109,6 +113,15 @@ def test_a_bad_call_is_one_line_naming_what_is_wrong(default_model):
         op.forward(torch.zeros(1, 5), angle, angle, k, k.clone(), one, one, one)
     with pytest.raises(RuntimeError, match="k and v must be float32 stores"):
         op.forward(x, angle, angle, k[:, :1], k[:, :1].clone(), one, one, one)
+    layers = kernels.load().decode_layers
+    with pytest.raises(RuntimeError, match="decode_layers: one key store, value store and row per layer"):
+        layers([op], x, angle, angle, [], [], [], one, one, one)
+    with pytest.raises(RuntimeError, match="decode_layers: layer 0 reads row 3 of stores that lack it"):
+        layers([op], x, angle, angle, [k[None]], [k[None].clone()], [3], one, one, one)
+    with pytest.raises(RuntimeError, match="writes slot 4 of store row 0 from 0, outside the cache"):
+        layers([op, op], x, angle, angle, [k[None]] * 2, [k[None].clone()] * 2, [0, 0], one, one, torch.tensor([4]))
+    assert torch.equal(layers([op], x, angle, angle, [k[None]], [k[None].clone()], [0], one, one, one),
+                       op.forward(x, angle, angle, k, k.clone(), one, one, one))
 
 
 def slot_logits(model, prompts: list[list[int]], steps: int, fused: bool, pad_to: int) -> list[torch.Tensor]:

@@ -76,30 +76,42 @@ class FusedDecode:
                 and type(cache) in (KVCache, BatchView) and _rows(cache)[0].dtype == torch.float32)
 
     def run(self, blocks: nn.ModuleList, x: torch.Tensor, extra: tuple, masks: dict, cache) -> torch.Tensor:
-        """x (B, 1, hidden) through every block; extra: RoPE's cos and sin (B, 1, 1, D/2)."""
+        """x (B, 1, hidden) through every block; extra: RoPE's cos and sin (B, 1, 1, D/2). Each run of
+        consecutive planned layers under one mask is one C++ call (kernels' decode_layers)."""
         b, _, hidden = x.shape
         cos, sin = (t.reshape(b, -1).contiguous() for t in extra[:2])
         store, slot, ends = _rows(cache)
         starts = {w: _starts(m, b) for w, m in masks.items()}  # None: that window's layers run eagerly
         h = x.reshape(b, hidden).contiguous()
-        for i, (block, op) in enumerate(zip(blocks, self.layers, strict=True)):
-            first = starts[self.windows[i]]
-            kept = None if op is None or first is None else _keys(cache, store, i, ends)
-            if kept is None:
-                h = block(h.view(b, 1, hidden), *extra, masks, cache, None).reshape(b, hidden).contiguous()
+        for lo, hi, first in self._runs(cache, store, starts):
+            if first is None:
+                for i in range(lo, hi):
+                    h = blocks[i](h.view(b, 1, hidden), *extra, masks, cache, None).reshape(b, hidden).contiguous()
                 continue
-            k, v, last = kept
-            h = op.forward(h, cos, sin, k, v, slot, first, last)
+            where = store.slots_of[lo:hi]  # each layer's (group, row) in the cache's buffers
+            ks, vs = [store.groups[g][0] for g, _ in where], [store.groups[g][1] for g, _ in where]
+            h = kernels.load().decode_layers(self.layers[lo:hi], h, cos, sin, ks, vs, [r for _, r in where], slot,
+                                             first, ends)
         return h.view(b, 1, hidden)
 
+    def _runs(self, cache, store: KVCache, starts: dict) -> list[list]:
+        """[first layer, end, first keys or None (eager)] of each run of layers that go alike: planned
+        ones under the same mask together, the rest eagerly."""
+        runs: list[list] = []
+        for i, op in enumerate(self.layers):
+            first = None if op is None or _windowed(cache, store, i) else starts[self.windows[i]]
+            if runs and runs[-1][2] is first:
+                runs[-1][1] = i + 1
+            else:
+                runs.append([i, i + 1, first])
+        return runs
 
-def _keys(cache, store: KVCache, layer: int, ends: torch.Tensor):
-    """(k, v, each row's index of its new key) of a layer, or None where it runs eagerly: keys kept
-    for a window only, by a KVCache or by the server's slots (slot_cache.py keeps those in buffers of
-    their own; no GGUF of a family planned here carries a window, so nothing fused reads them)."""
-    if layer in store.windows or (type(cache) is BatchView and layer in cache.owner.windows):
-        return None
-    return (*store.layer(layer), ends)
+
+def _windowed(cache, store: KVCache, layer: int) -> bool:
+    """The layer keeps keys for a window only, by a KVCache or by the server's slots (slot_cache.py
+    keeps those in buffers of their own; no GGUF of a family planned here carries a window, so nothing
+    fused reads them): it runs eagerly."""
+    return layer in store.windows or (type(cache) is BatchView and layer in cache.owner.windows)
 
 
 def _rows(cache) -> tuple[KVCache, torch.Tensor, torch.Tensor]:

@@ -197,6 +197,27 @@ class DecodeLayer {
     int64_t H_ = 0, nq_, nkv_, hd_, mode_, isa_;
 };
 
+// Consecutive layers of one step in one call: x through layers[0], layers[1], ... as each layer's
+// forward, layer i reading its keys from row rows[i] of the stores k[i], v[i] (rows, B, Hkv, L, D),
+// the cache's group buffers. A decode step of the default model is then one call, not thirty, and
+// the Python around it (a view of each layer's keys, the call's arguments) is paid once.
+at::Tensor decode_layers(const std::vector<const DecodeLayer*>& layers, at::Tensor x, const at::Tensor& cos,
+                         const at::Tensor& sin, const std::vector<at::Tensor>& k, const std::vector<at::Tensor>& v,
+                         const std::vector<int64_t>& rows, const at::Tensor& slot, const at::Tensor& starts,
+                         const at::Tensor& ends) {
+    const size_t n = layers.size();
+    TORCH_CHECK(k.size() == n && v.size() == n && rows.size() == n,
+                "nexttok_q.decode_layers: one key store, value store and row per layer");
+    for (size_t i = 0; i < n; i++) {
+        TORCH_CHECK(layers[i] != nullptr, "nexttok_q.decode_layers: layer ", i, " is None");
+        TORCH_CHECK(k[i].dim() == 5 && v[i].dim() == 5 && rows[i] >= 0 && rows[i] < k[i].size(0) &&
+                        rows[i] < v[i].size(0),
+                    "nexttok_q.decode_layers: layer ", i, " reads row ", rows[i], " of stores that lack it");
+        x = layers[i]->forward(x, cos, sin, k[i].select(0, rows[i]), v[i].select(0, rows[i]), slot, starts, ends);
+    }
+    return x;
+}
+
 void bind_decode(pybind11::module& module) {
     namespace py = pybind11;
     py::class_<Linear>(module, "DecodeLinear")
@@ -207,6 +228,7 @@ void bind_decode(pybind11::module& module) {
                       const std::optional<at::Tensor>&, Linear, Linear, Linear, int64_t, int64_t, int64_t, int64_t,
                       int64_t>())
         .def("forward", &DecodeLayer::forward);
+    module.def("decode_layers", &decode_layers);
 }
 
 }  // namespace nq_ops
