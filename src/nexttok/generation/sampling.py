@@ -48,6 +48,7 @@ from nexttok.generation.stages import (
 from nexttok.models import kernels
 
 RECORD_TOP = 20  # ids and probabilities a StageRecord keeps
+PICK_IN_ONE_CALL = 1024  # rows this short are drawn from by kernels.pick (longer: numpy sorts values only, faster)
 
 
 class _Checked:
@@ -102,6 +103,8 @@ class Greedy:
     name = "greedy"
 
     def select(self, logits: torch.Tensor, u: float | None = None) -> tuple[int, float | None]:
+        if _cpu_float(logits):  # numpy's argmax (the first largest, as torch's): 5 us on 49k, torch's 60
+            return int(np.argmax(logits.detach().numpy())), None
         return int(torch.argmax(logits)), None
 
 
@@ -129,10 +132,18 @@ class Sample:
     stage."""
 
     token_id: int
-    logits: torch.Tensor
+    final: torch.Tensor | tuple  # the final logits, or (ids, values, like): spread into them when first read
     draw: float | None
     stages: list[StageRecord] | None = None
     seconds: float = 0.0  # the chain's time: its stages and the selection
+
+    @property
+    def logits(self) -> torch.Tensor:
+        """The final logits (vocab,), -inf where the chain cut (made on first use: most steps of a
+        run never read them)."""
+        if isinstance(self.final, tuple):
+            self.final = spread(*self.final)
+        return self.final
 
 
 class SamplerChain:
@@ -196,13 +207,19 @@ class SamplerChain:
         """Every stage in turn, as (ids, values): once top-k has cut the vocabulary and only
         top-p, min-p and temperature follow, they run on the k kept logits alone (ids ascending),
         as llama.cpp's later stages see only top-k's candidates: each is then an op over 40 values,
-        not over the 49k-152k of the vocabulary. ids is None where nothing was compacted (values
-        is then the whole (vocab,) row)."""
+        not over the 49k-152k of the vocabulary, and with the kernels loaded a few numpy calls on
+        them (each stage's apply_kept; torch's ops cost ~5 us apiece on so few). ids is None where
+        nothing was compacted (values is then the whole (vocab,) row)."""
         for i, stage in enumerate(self.stages):
             rest = self.stages[i + 1:]
             if stage.name == "top_k" and rest and all(s.name in ON_KEPT for s in rest):
                 if kernels.row_ready(logits):  # the same tokens, in one pass
                     ids, values = kernels.top_k_kept(logits, stage.k)
+                    if all(hasattr(later, "apply_kept") for later in rest):  # on the k values as an array
+                        array = values.numpy()
+                        for later in rest:
+                            array = later.apply_kept(array)
+                        return ids, torch.from_numpy(array)
                 else:
                     logits = stage.apply(logits)
                     ids = (logits > NEG_INF).nonzero()[:, 0]
@@ -242,7 +259,7 @@ class SamplerChain:
             (ids, final), stages = self.kept(logits), None
         token, used = self.selector.select(final, u)
         if ids is not None:  # the draw ran over the kept logits: back to vocabulary ids
-            token, final = int(ids[token]), spread(ids, final, logits)
+            token, final = int(ids[token]), (ids, final, logits)
         return Sample(token, final, used, stages, time.perf_counter() - start)
 
 
@@ -274,7 +291,13 @@ def pick(logits: torch.Tensor, u: float) -> int:
     probs = logits.float().softmax(-1)
     if probs.device.type != "cpu":
         probs = probs.cpu()
-    p = probs.numpy()
+    if probs.shape[-1] <= PICK_IN_ONE_CALL and kernels.row_ready(probs):  # top-k's few: the same steps in C++
+        return int(kernels.pick(probs, u))
+    return pick_probabilities(probs.numpy(), u)
+
+
+def pick_probabilities(p: np.ndarray, u: float) -> int:
+    """pick's draw over probabilities p (float32): sums in float64, most likely first."""
     alive = np.flatnonzero(p)  # after top-k or min-p, a few dozen: the rest is never sorted
     q = p[alive]
     ranked = np.sort(q)[::-1]  # descending values
@@ -288,12 +311,17 @@ def pick(logits: torch.Tensor, u: float) -> int:
 
 def check_logits(logits: torch.Tensor) -> None:
     """NaN or +inf logits mean a broken model or input: a clear error, never a silent token."""
-    top = float(logits.max())  # one reduction: NaN propagates through max, +inf is the max
+    # one reduction: NaN propagates through max, +inf is the max (numpy's: 5 us on 49k, torch's 11)
+    top = float(logits.detach().numpy().max() if _cpu_float(logits) else logits.max())
     if math.isnan(top) or top == math.inf:
         bad = int((torch.isnan(logits) | (logits == math.inf)).sum())
         raise ValueError(f"model produced {bad} NaN/+inf logits; refusing to sample")
     if top == NEG_INF:
         raise ValueError("every token has -inf logit: nothing left to sample")
+
+
+def _cpu_float(x: torch.Tensor) -> bool:
+    return x.dtype == torch.float32 and x.device.type == "cpu"
 
 
 def entropy_bits(probs: torch.Tensor) -> float:

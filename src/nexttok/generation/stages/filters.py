@@ -54,6 +54,19 @@ class TopP(Stateless):
         remove[-1] = False
         return logits.index_fill(0, alive[order[remove]], NEG_INF)
 
+    def apply_kept(self, values: np.ndarray) -> np.ndarray:
+        """apply's value rule (see _whole) on top-k's kept logits as a float32 array: the same
+        operations in numpy (torch's float32 cumsum adds in float64, its comparison with a number
+        rounds the number to float32), ~8 numpy calls where apply made ~15 torch ones (80 us)."""
+        probs = probabilities(values)
+        ascending_probs = np.sort(probs)
+        tail = np.cumsum(ascending_probs, dtype=np.float64).astype(np.float32) <= np.float32(1 - self.p)
+        cut = int(np.count_nonzero(tail))  # how many of the tail go
+        if cut == 0:
+            return values
+        kept_min = ascending_probs[min(cut, probs.shape[-1] - 1)]
+        return np.where(probs < kept_min, np.float32(NEG_INF), values)
+
     def _whole(self, logits: torch.Tensor) -> torch.Tensor:
         """Every token alive: the cut is a probability, found by sorting values only (numpy's
         vectorised sort, ~0.1 ms for 49k), so no token order is needed."""
@@ -64,6 +77,11 @@ class TopP(Stateless):
             return logits
         kept_min = sorted_probs[min(cut, probs.shape[-1] - 1)]
         return logits.masked_fill(probs < kept_min, NEG_INF)
+
+
+def probabilities(values: np.ndarray) -> np.ndarray:
+    """softmax of a float32 array by torch's own kernel (the bits the torch path gets), as an array."""
+    return torch.from_numpy(values).softmax(-1).numpy()
 
 
 def sort_values(values: torch.Tensor) -> torch.Tensor:
@@ -84,6 +102,11 @@ class MinP(Stateless):
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         probs = logits.softmax(-1)
         return logits.masked_fill(probs < self.p * probs.max(), NEG_INF)
+
+    def apply_kept(self, values: np.ndarray) -> np.ndarray:
+        """apply on top-k's kept logits as a float32 array (p * max in float32, as torch does it)."""
+        probs = probabilities(values)
+        return np.where(probs < np.float32(self.p) * probs.max(), np.float32(NEG_INF), values)
 
 
 TOP_K = StageSpec(

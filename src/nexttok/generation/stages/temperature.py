@@ -48,6 +48,12 @@ class Temperature(Stateless):
             return keep_only(logits, torch.argmax(logits)[None])
         return logits / t
 
+    def apply_kept(self, values: np.ndarray) -> np.ndarray:
+        """apply on top-k's kept logits as a float32 array (a fixed t divides in float32, as torch)."""
+        if self.range <= 0:
+            return values / np.float32(self.t)
+        return self.apply(torch.from_numpy(values)).numpy()
+
 
 class Mirostat:
     """Mirostat version 1 or 2 (see above); its state is mu, moved by each accepted token."""

@@ -240,6 +240,11 @@ def top_k_kept(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
     return _state["module"].top_k_kept(logits.contiguous(), k)
 
 
+def pick(probs: torch.Tensor, u: float) -> int:
+    """sampling.pick's inverse-CDF draw over a float32 row of probabilities (select.cpp), in one call."""
+    return _state["module"].pick(probs.contiguous(), u)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0) -> torch.Tensor:
     """x / sqrt(mean(x²) + eps) · (weight + offset) over the last dimension, float32."""
     return _eager().rms_norm(x, weight, eps, offset)
