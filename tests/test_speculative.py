@@ -95,7 +95,7 @@ def test_greedy_speculation_on_a_mixture_of_experts_equals_plain_decoding(tmp_pa
 def test_a_draw_at_a_drafted_position_follows_the_models_distribution(target):
     """The accept/reject rule (take the draft with probability p(draft), else draw from p without
     it) leaves each token's frequency at p: chi-square over 20,000 draws, with top-k cutting most
-    of the vocabulary, for a likely and an unlikely draft."""
+    of the vocabulary, for a likely and an unlikely draft, and one top-k cut (p = 0: always refused)."""
     model, tokenizer = target.model, target.tokenizer
     params = SamplingParams(temperature=1.3, top_k=6, seed=11)
     ids = tokenizer.encode("The capital of France is", add_special=True)
@@ -105,7 +105,8 @@ def test_a_draw_at_a_drafted_position_follows_the_models_distribution(target):
     p = generation.chain.apply(logits).softmax(-1)
     kept = torch.nonzero(p > 0).flatten().tolist()
     assert len(kept) == 6
-    for proposed in (max(kept, key=lambda i: p[i]), min(kept, key=lambda i: p[i])):
+    cut = int(torch.nonzero(p == 0)[0])
+    for proposed in (max(kept, key=lambda i: p[i]), min(kept, key=lambda i: p[i]), cut):
         n = 20_000
         counts = torch.zeros_like(p)
         for _ in range(n):

@@ -180,21 +180,36 @@ def speculative_stream(model: Model, tokenizer: Tokenizer, prompt: str | Sequenc
 
 def verify(generation: Generation, logits: torch.Tensor, proposed: int | None) -> Sample:
     """The token at one position: the draft when the target agrees (greedy: its top token; sampled:
-    with probability p(draft)), else the target's own (see above)."""
+    with probability p(draft)), else the target's own (see above). After top-k the rule reads only
+    the kept tokens (chain.kept): a draft top-k cut has p = 0."""
     chain = generation.chain
     start = time.perf_counter()
     check_logits(logits)
-    final = chain.apply(logits.float())
+    logits = logits.float()
+    ids, values = chain.kept(logits)  # ids None: values is the whole row
+    final = values if ids is None else (ids, values, logits)  # the Sample spreads it if read
     if not chain.greedy and proposed is not None:
         uniforms = chain.selector.uniforms
+        at = proposed if ids is None else _position(ids, proposed)
         u = uniforms.next()
-        if u < float(final.softmax(-1)[proposed]):
+        if at is not None and u < float(values.softmax(-1)[at]):
             return Sample(proposed, final, u, None, time.perf_counter() - start)
         # refused: p without the draft, renormalised by the draw (some other token is alive, since
         # a draft holding all of p is never refused)
-        rest = final.clone()
-        rest[proposed] = NEG_INF
+        rest = values.clone()
+        if at is not None:
+            rest[at] = NEG_INF
         u = uniforms.next()
-        return Sample(pick(rest, u), final, u, None, time.perf_counter() - start)
-    token, u = chain.selector.select(final)  # greedy, or nothing drafted here: the plain pick
-    return Sample(token, final, u, None, time.perf_counter() - start)
+        return Sample(_token(ids, pick(rest, u)), final, u, None, time.perf_counter() - start)
+    token, u = chain.selector.select(values)  # greedy, or nothing drafted here: the plain pick
+    return Sample(_token(ids, token), final, u, None, time.perf_counter() - start)
+
+
+def _position(ids: torch.Tensor, token: int) -> int | None:
+    """Where token is among the kept ids (ascending), None where it was cut."""
+    at = int(torch.searchsorted(ids, token))
+    return at if at < ids.shape[0] and int(ids[at]) == token else None
+
+
+def _token(ids: torch.Tensor | None, index: int) -> int:
+    return index if ids is None else int(ids[index])
