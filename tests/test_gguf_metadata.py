@@ -56,6 +56,7 @@ def _empty_arrays(path):
     fields = [key("general.architecture") + struct.pack("<IQ", gguf.GGUFValueType.STRING, 5) + b"llama",
               key("test.empty_strings") + struct.pack("<IIQ", array, gguf.GGUFValueType.STRING, 0),
               key("test.empty_ints") + struct.pack("<IIQ", array, gguf.GGUFValueType.INT32, 0),
+              key("test.empty_unknown") + struct.pack("<IIQ", array, 99, 0),  # no such item type: never read
               key("test.after") + struct.pack("<IIQ", array, gguf.GGUFValueType.STRING, 1) + struct.pack("<Q", 1) + b"z"]
     path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, len(fields)) + b"".join(fields))
     return path
@@ -84,7 +85,8 @@ def test_every_array_reads_as_the_package_reads_it(written):
 
 def test_empty_arrays_read_as_the_package_reads_them(tmp_path):
     fields = _same_as_the_package(_empty_arrays(tmp_path / "empty.gguf")).fields
-    assert [fields[n].contents() for n in ("test.empty_strings", "test.empty_ints", "test.after")] == [[], [], ["z"]]
+    names = ("test.empty_strings", "test.empty_ints", "test.empty_unknown", "test.after")
+    assert [fields[n].contents() for n in names] == [[], [], [], ["z"]]
 
 
 def test_the_default_model_reads_as_the_package_reads_it():

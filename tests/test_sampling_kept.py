@@ -41,8 +41,6 @@ def _rows(seed: int, n: int = 40, count: int = 50):
                          ids=lambda s: f"{s.name}")
 def test_each_stage_on_kept_values_equals_its_torch_apply(stage):
     for row in _rows(1):
-        if isinstance(stage, TopP) and (row == NEG_INF).any() and len(set(row.tolist())) < 40:
-            continue  # ties among the alive: HF's positional rule and the value rule may keep different ones
         expected = stage.apply(row)
         got = stage.apply_kept(row.numpy())
         assert got.dtype == np.float32 and torch.equal(torch.from_numpy(got), expected), stage.name

@@ -138,7 +138,8 @@ class Generation:
         self.tokens.append(token)
         text, finish = self._text(token)
         self.finish_reason = finish
-        step = build_step(self.tokenizer, token, logits, chosen.logits, chosen.draw, index=len(self.tokens) - 1,
+        final = chosen.logits if self.top_n else None  # the chain's row is spread only for its alternatives
+        step = build_step(self.tokenizer, token, logits, final, chosen.draw, index=len(self.tokens) - 1,
                           elapsed=elapsed + chosen.seconds + time.perf_counter() - start, prefill=prefill,
                           stages=chosen.stages, text=text, finish_reason=finish, top_n=self.top_n,
                           logprobs=self.logprobs)
@@ -299,11 +300,12 @@ def stream(model: Model, tokenizer: Tokenizer, prompt: str | Sequence[int],
     yield from generate_step(model, generation, use_cache=use_cache)
 
 
-def build_step(tokenizer: Tokenizer, token_id: int, logits: torch.Tensor, final: torch.Tensor, draw: float | None,
+def build_step(tokenizer: Tokenizer, token_id: int, logits: torch.Tensor, final: torch.Tensor | None,
+               draw: float | None,
                *, index: int, elapsed: float, prefill: bool, stages: list[StageRecord] | None = None,
                text: str = "", finish_reason: str | None = None, top_n: int = 5, logprobs: bool = True) -> Step:
     """The Step record of a token: from the model's raw logits (vocab,) and the sampler chain's
-    final logits (vocab,), the draw u (None when greedy), timing and the chain's stage records.
+    final logits (vocab,; read only for top_n), the draw u (None when greedy), timing and the chain's stage records.
     Only what is asked for is computed: the token's logprob and rank (logprobs, or top_n), the
     top_n alternatives before and after the chain; neither: no log-softmax over the vocabulary."""
     chosen = rank = None

@@ -19,6 +19,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,7 +124,7 @@ def _checked_reader(gguf):
             return super()._get(offset, dtype, count, *args, **kwargs)
 
         def _get_field_parts(self, orig_offs, raw_type, *args, **kwargs):
-            if self.byte_order == "I" and raw_type == gguf.GGUFValueType.ARRAY:
+            if self.byte_order == "I" and sys.byteorder == "little" and raw_type == gguf.GGUFValueType.ARRAY:
                 parts = _array_parts(self, gguf, orig_offs)
                 if parts is not None:
                     return parts
@@ -156,7 +157,10 @@ def _array_parts(reader, gguf, offset: int):
     import numpy as np
 
     kind, count = reader._get(offset, np.uint32), reader._get(offset + 4, np.uint64)
-    item = gguf.GGUFValueType(int(kind[0]))
+    try:
+        item = gguf.GGUFValueType(int(kind[0]))
+    except ValueError:
+        return None  # the reader's own code names it (or, for an empty array, never looks)
     start, n, data = offset + 12, int(count[0]), reader.data
     parts: list = [kind, count]
     types = [gguf.GGUFValueType.ARRAY] + [item] * (n > 0)  # as the reader's: no item type when empty

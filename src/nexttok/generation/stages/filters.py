@@ -57,7 +57,10 @@ class TopP(Stateless):
     def apply_kept(self, values: np.ndarray) -> np.ndarray:
         """apply's value rule (see _whole) on top-k's kept logits as a float32 array: the same
         operations in numpy (torch's float32 cumsum adds in float64, its comparison with a number
-        rounds the number to float32), ~8 numpy calls where apply made ~15 torch ones (80 us)."""
+        rounds the number to float32), ~8 numpy calls where apply made ~15 torch ones (80 us).
+        Where an earlier stage cut some (-inf), apply's HF rule decides ties by position: it runs."""
+        if np.isneginf(values).any():
+            return self.apply(torch.from_numpy(values)).numpy()
         probs = probabilities(values)
         ascending_probs = np.sort(probs)
         tail = np.cumsum(ascending_probs, dtype=np.float64).astype(np.float32) <= np.float32(1 - self.p)

@@ -228,7 +228,8 @@ void bind_decode(pybind11::module& module) {
                       const std::optional<at::Tensor>&, Linear, Linear, Linear, int64_t, int64_t, int64_t, int64_t,
                       int64_t>())
         .def("forward", &DecodeLayer::forward);
-    module.def("decode_layers", &decode_layers);
+    // the GIL is let go for the step (the arguments are converted first): the server's threads go on
+    module.def("decode_layers", &decode_layers, pybind11::call_guard<pybind11::gil_scoped_release>());
 }
 
 }  // namespace nq_ops
