@@ -218,11 +218,19 @@ def test_top_p_over_a_whole_vocabulary_and_after_top_k_matches_hf(seed):
         torch.testing.assert_close(ours, after_k)
 
 
+@pytest.mark.parametrize("path", ["torch", "kernels"])
 @pytest.mark.parametrize("seed", range(3))
-def test_stages_after_top_k_run_on_its_kept_logits_as_on_the_vocabulary(seed):
+def test_stages_after_top_k_run_on_its_kept_logits_as_on_the_vocabulary(seed, path, monkeypatch):
     """llama.cpp's default chain (top-k 40, top-p 0.95, min-p 0.05, temperature 0.8) runs its later
     stages on top-k's 40 logits alone: the final row equals HF's warpers over the whole vocabulary,
-    and every draw picks the token the stage-by-stage path (the explainer's, record=True) picks."""
+    and every draw picks the token the stage-by-stage path (the explainer's, record=True) picks;
+    on torch's ops, and with the kernels loaded (top-k's C++ pass, numpy's stages, kernels.pick)."""
+    from nexttok.models import kernels
+
+    if path == "kernels" and not kernels.available():
+        pytest.skip("the block kernels are not built here")
+    if path == "torch":
+        monkeypatch.setattr(kernels, "row_ready", lambda x: False)
     from transformers.generation.logits_process import (
         MinPLogitsWarper,
         TemperatureLogitsWarper,
@@ -235,8 +243,9 @@ def test_stages_after_top_k_run_on_its_kept_logits_as_on_the_vocabulary(seed):
     params = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=seed)
     compact = SamplerChain.from_params(params, 49152)
     stepwise = SamplerChain.from_params(params, 49152)
-    for _ in range(20):
+    for _ in range(40):
         logits = torch.randn(49152, generator=gen) * 2.5
+        assert kernels.row_ready(logits) == (path == "kernels")
         expected = logits[None].clone()
         for warper in (TopKLogitsWarper(40), TopPLogitsWarper(0.95), MinPLogitsWarper(0.05),
                        TemperatureLogitsWarper(0.8)):
