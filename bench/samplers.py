@@ -7,8 +7,9 @@ Every stage of nexttok.generation.stages.STAGES, switched on alone (ON below), s
 fresh row of random logits per step and accepts it (so a stateful stage pays its upkeep, DRY over a
 context that grows); the table gives the median microseconds per token of the stage's apply (what
 it costs) and of the whole step with the draw and accept (a stage that cuts makes the draw cheaper:
-it sorts only what is left). Then llama.cpp's default chain, and every stage at once. DRY reads the
-default model's tokenizer for its sequence breakers.
+it sorts only what is left). Then greedy, llama.cpp's default chain, and every stage at once. DRY reads
+the default model's tokenizer for its sequence breakers. The block kernels are loaded first (where they
+build), as in any process that has run a GGUF model: the sampler then takes their short paths.
 
 --llama-lib: a llama.cpp build (libllama.so and its ggml libraries). Its samplers run through ctypes
 on the same logits and the tokens each keeps are compared with nexttok's stage: typical-p, top-n-sigma,
@@ -29,6 +30,7 @@ import torch
 
 from nexttok.generation.sampling import SamplerChain, SamplingParams
 from nexttok.generation.stages import NEG_INF, STAGES
+from nexttok.models import kernels
 
 ON = {  # settings that switch each stage on, as people use them
     "penalties": {"repetition_penalty": 1.1, "presence_penalty": 0.5, "frequency_penalty": 0.5},
@@ -43,7 +45,8 @@ ON = {  # settings that switch each stage on, as people use them
     "temperature": {"temperature": 0.8},
     "mirostat": {"mirostat": 2},
 }
-EXTRA = {"temperature (dynamic)": {"temperature": 0.8, "dynatemp_range": 0.5},
+EXTRA = {"greedy (temperature 0)": {"temperature": 0},
+         "temperature (dynamic)": {"temperature": 0.8, "dynatemp_range": 0.5},
          "mirostat (v1)": {"mirostat": 1},
          "typical_p after top-k 40": {"top_k": 40, "typical_p": 0.9},
          "llama.cpp's default chain": {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05},
@@ -58,18 +61,18 @@ def rows(vocab: int, steps: int, seed: int = 0) -> list[torch.Tensor]:
 
 
 def per_token(settings: dict, logits: list[torch.Tensor], tokenizer, prompt: list[int]) -> tuple[float, float]:
-    """Median microseconds per token: the stages' apply, and apply + draw + accept."""
+    """Median microseconds per token: the stages' apply (onto the whole row), and a step as decode
+    takes it (chain.sample: the stages, on top-k's kept values where they may, and the draw) + accept."""
     chain = SamplerChain.from_params(SamplingParams(**settings, seed=0), logits[0].shape[0], prompt,
                                      tokenizer=tokenizer)
     stages, steps = [], []
     for row in logits:
         start = time.perf_counter()
-        final = chain.apply(row)
+        chain.apply(row)
         applied = time.perf_counter()
-        token, _ = chain.selector.select(final)
-        chain.accept(token)
+        chain.accept(chain.sample(row).token_id)
         stages.append(applied - start)
-        steps.append(time.perf_counter() - start)
+        steps.append(time.perf_counter() - applied)
     return statistics.median(stages) * 1e6, statistics.median(steps) * 1e6
 
 
@@ -185,6 +188,7 @@ def main() -> int:
                         help="a llama.cpp build with libllama.so: compare its samplers on the same logits")
     args = parser.parse_args()
     torch.set_num_threads(1)  # per-token sampling is small work: one thread, as a server's scheduler runs it
+    kernels.load()  # as in any process that has run a GGUF model: top-k's C++ pass, the kept path, kernels.pick
     if args.llama_lib is not None:
         return 1 if compare_with_llama(args.llama_lib.expanduser(), args.vocab, trials=3) else 0
     cost_table(args.vocab, args.steps)
