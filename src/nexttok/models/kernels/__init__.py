@@ -250,9 +250,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 
     return _eager().rms_norm(x, weight, eps, offset)
 
 
-def glu(x: torch.Tensor, mode: int = SILU_MUL) -> torch.Tensor:
-    """act(gate) · up for x = [gate | up] (..., 2K) -> (..., K): silu (SILU_MUL) or gelu-tanh."""
-    return _eager().glu(x, mode)
+def glu(x: torch.Tensor, mode: int = SILU_MUL, isa: int | None = None) -> torch.Tensor:
+    """act(gate) · up for x = [gate | up] (..., 2K) -> (..., K): silu (SILU_MUL) or gelu-tanh; every
+    isa (default: best_isa()) gives the same bits, AVX2's 8 values at a time."""
+    return _eager().glu(x, mode, best_isa() if isa is None else isa)
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n: int) -> torch.Tensor:
@@ -312,7 +313,7 @@ def _register_fakes() -> None:
         return torch.empty_like(x, memory_format=torch.contiguous_format)
 
     @torch.library.register_fake("nexttok_q::glu")
-    def _(x, mode):
+    def _(x, mode, isa):
         return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
 
     @torch.library.register_fake("nexttok_q::rope")

@@ -29,21 +29,16 @@ QuantFn quant_for(int64_t isa) {
     return isa >= 1 ? nq_avx2::quantize_row : nq_generic::quantize_row;
 }
 
-// act(gate) · up over n values of gate and of up into buf (n).
-void prepare_range(const float* gate, const float* up, int64_t n, int64_t mode, float* buf) {
-    if (mode == SILU_MUL) {  // silu(gate) · up
-        for (int64_t k = 0; k < n; k++) buf[k] = gate[k] / (1.0f + std::exp(-gate[k])) * up[k];
-    } else {  // GELU_TANH_MUL: gelu(gate, tanh approximation) · up
-        const float c = 0.7978845608028654f;
-        for (int64_t k = 0; k < n; k++) {
-            const float g = gate[k];
-            buf[k] = 0.5f * g * (1.0f + std::tanh(c * (g + 0.044715f * g * g * g))) * up[k];
-        }
-    }
+// act(gate) · up over n values of gate and of up into buf (n): qkern.h's gate_range, the AVX2 one
+// 8 values at a time (an exp of its own: std::exp's scalar calls took 40 us of a 1.5B model's
+// decode layer), the same bits as the portable one.
+void prepare_range(const float* gate, const float* up, int64_t n, int64_t mode, int64_t isa, float* buf) {
+    (isa >= 1 ? nq_avx2::gate_range : nq_generic::gate_range)(gate, up, n, mode == GELU_TANH_MUL, buf);
 }
 
-// act(gate) · up for one row x = [gate | up] of 2K floats into buf (K).
-void prepare_row(const float* x, int64_t K, int64_t mode, float* buf) { prepare_range(x, x + K, K, mode, buf); }
+void prepare_row(const float* x, int64_t K, int64_t mode, int64_t isa, float* buf) {
+    prepare_range(x, x + K, K, mode, isa, buf);
+}
 
 // Rows of x (M rows, ldx floats apart) -> int8 q (M, K), scales d (M, K/32), sums s (M, K/16),
 // ds (M, K/32), of act(gate)·up for the gated modes. The work is pieces of QUANT_PIECE values (every
@@ -61,7 +56,7 @@ void quantize_rows(const float* xp, int64_t ldx, int64_t M, int64_t K, int64_t m
             const int64_t m = i / pieces, k0 = i % pieces * QUANT_PIECE, n = std::min(QUANT_PIECE, K - k0);
             const float* row = xp + m * ldx + k0;
             if (mode != PLAIN) {
-                prepare_range(row, row + K, n, mode, buf.data());
+                prepare_range(row, row + K, n, mode, isa, buf.data());
                 row = buf.data();
             }
             fn(row, n, qp + m * K + k0, dp + (m * K + k0) / 32, sp + (m * K + k0) / 16, dsp + (m * K + k0) / 32);
@@ -338,9 +333,9 @@ QRows grouped_input(const at::Tensor& x, const int64_t* src, const Grouped& g, i
 // (token, expert) rows stay grouped by expert from the first product to the second.
 enum { SWIGLU_OAI = 3 };
 
-void activate(float* h, int64_t I, int64_t mode, double alpha, double limit, float* out) {
+void activate(float* h, int64_t I, int64_t mode, double alpha, double limit, int64_t isa, float* out) {
     if (mode == SILU_MUL) {
-        prepare_row(h, I, SILU_MUL, out);
+        prepare_row(h, I, SILU_MUL, isa, out);
         return;
     }
     const float a = (float)alpha, l = (float)limit;
@@ -390,7 +385,7 @@ at::Tensor moe_mlp(const at::Tensor& x, const at::Tensor& ids, const at::Tensor&
                 const float* b = b1 + ip[g.order[i]] * I2;
                 for (int64_t c = 0; c < I2; c++) row[c] += b[c];
             }
-            activate(row, I, mode, alpha, limit, a.data());
+            activate(row, I, mode, alpha, limit, isa, a.data());
             qf(a.data(), I, &mid.q[i * I], &mid.d[i * (I / 32)], &mid.s[i * (I / 16)], &mid.ds[i * (I / 32)]);
         }
     });
@@ -440,10 +435,11 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, d
 }
 
 // act(gate) · up for x = [gate | up] (..., 2K) -> (..., K); mode SILU_MUL or GELU_TANH_MUL.
-at::Tensor glu(const at::Tensor& x, int64_t mode) {
+at::Tensor glu(const at::Tensor& x, int64_t mode, int64_t isa) {
     TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() >= 1 && x.size(-1) % 2 == 0,
                 "nexttok_q.glu: float32 x (..., 2K) needed");
     TORCH_CHECK(mode == SILU_MUL || mode == GELU_TANH_MUL, "nexttok_q.glu: mode must be SILU_MUL or GELU_TANH_MUL");
+    gemm_for(isa);
     auto src = x.contiguous();
     const int64_t K = src.size(-1) / 2, M = K ? src.numel() / (2 * K) : 0;
     auto sizes = src.sizes().vec();
@@ -452,7 +448,7 @@ at::Tensor glu(const at::Tensor& x, int64_t mode) {
     const float* xp = src.data_ptr<float>();
     float* op = out.data_ptr<float>();
     at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
-        for (int64_t m = m0; m < m1; m++) prepare_row(xp + m * 2 * K, K, mode, op + m * K);
+        for (int64_t m = m0; m < m1; m++) prepare_row(xp + m * 2 * K, K, mode, isa, op + m * K);
     });
     return out;
 }
@@ -564,7 +560,7 @@ TORCH_LIBRARY(nexttok_q, m) {
           "Tensor[] down, int[] down_types, int[] down_rows, int n_experts, Tensor? gate_up_bias, Tensor? down_bias, "
           "int mode, float alpha, float limit, int isa) -> Tensor");
     m.def("rms_norm(Tensor x, Tensor weight, float eps, float offset) -> Tensor");
-    m.def("glu(Tensor x, int mode) -> Tensor");
+    m.def("glu(Tensor x, int mode, int isa) -> Tensor");
     m.def("rope(Tensor x, Tensor cos, Tensor sin, int n) -> Tensor");
     m.def("attend(Tensor q, Tensor k, Tensor v, Tensor? sinks, int isa) -> Tensor");
 }

@@ -13,6 +13,7 @@
     void quantize_row(const float* x, int64_t K, int8_t* q, float* d, int16_t* s, float* ds);                 \
     void attend_row(const float* q, const float* k, const float* v, int64_t ldk, int64_t ldv, int64_t S,       \
                     int64_t D, float scale, float sink, float* scores, float* out);                           \
+    void gate_range(const float* gate, const float* up, int64_t n, bool gelu, float* out);                    \
     }
 NQ_DECLARE(nq_generic)
 NQ_DECLARE(nq_avx2)
@@ -29,8 +30,8 @@ using AttendFn = decltype(&nq_generic::attend_row);
 GemmFn gemm_for(int64_t isa);
 inline AttendFn attend_for(int64_t isa) { return isa >= 1 ? nq_avx2::attend_row : nq_generic::attend_row; }
 
-// act(gate) · up for one row x = [gate | up] of 2K floats into buf (K).
-void prepare_row(const float* x, int64_t K, int64_t mode, float* buf);
+// act(gate) · up for one row x = [gate | up] of 2K floats into buf (K); every isa gives the same bits.
+void prepare_row(const float* x, int64_t K, int64_t mode, int64_t isa, float* buf);
 // Rows of x (M rows, ldx floats apart) -> int8 q (M, K), scales d (M, K/32), sums s (M, K/16), ds.
 void quantize_rows(const float* xp, int64_t ldx, int64_t M, int64_t K, int64_t mode, int64_t isa, int8_t* qp,
                    float* dp, int16_t* sp, float* dsp);

@@ -640,6 +640,59 @@ void quantize_row(const float* x, int64_t K, int8_t* q, float* d, int16_t* s, fl
 #endif
 }
 
+// act(gate)·up over n values: silu(g)·u, or gelu-tanh(g)·u written g·σ(2t) with t = c·(g + 0.044715·g³)
+// (0.5·(1 + tanh t) is σ(2t)), both g / (1 + e^(-z)). e^x is Cephes' expf: x = k·ln2 + r, |r| <=
+// ln2/2, a degree-6 polynomial in r, times 2^k by adding k to the exponent bits; x clamped to
+// [-87, 88], where 2^k stays a normal float (a NaN passes the clamp and comes out NaN). AVX2 and the
+// portable path run the same float operations, an fma wherever there is one and no product left for
+// the compiler to fuse into a sum, so their bits are the same (tested).
+static const float EXP_LO = -87.0f, EXP_HI = 88.0f, LOG2E = 1.44269504088896341f, LN2_HI = 0.693359375f,
+                   LN2_LO = -2.12194440e-4f, GELU_C2 = -1.5957691216057308f;  // -2·sqrt(2/π)
+static const float EXP_POLY[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                                  4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
+static inline float gated_one(float g, float u, bool gelu) {
+    // z = -g (silu) or -2c·(g + 0.044715·g³) (gelu-tanh); the clamp as vminps / vmaxps take a NaN
+    float z = gelu ? GELU_C2 * fmaf(g * g * 0.044715f, g, g) : -g;
+    z = EXP_HI < z ? EXP_HI : z;
+    z = EXP_LO > z ? EXP_LO : z;
+    const float k = nearbyintf(z * LOG2E);
+    float r = fmaf(k, -LN2_HI, z);
+    r = fmaf(k, -LN2_LO, r);
+    float y = EXP_POLY[0];
+    for (int i = 1; i < 6; i++) y = fmaf(y, r, EXP_POLY[i]);
+    y = fmaf(y, r * r, r) + 1.0f;
+    uint32_t bits;
+    memcpy(&bits, &y, 4);
+    bits += (uint32_t)(k == k ? (int32_t)k : INT32_MIN) << 23;  // vcvtps2dq's NaN: 0x80000000
+    memcpy(&y, &bits, 4);
+    return g / (1.0f + y) * u;
+}
+
+void gate_range(const float* gate, const float* up, int64_t n, bool gelu, float* out) {
+    int64_t i = 0;
+#if NQ_AVX2
+    const __m256 lo = _mm256_set1_ps(EXP_LO), hi = _mm256_set1_ps(EXP_HI), one = _mm256_set1_ps(1.0f);
+    for (; i + 8 <= n; i += 8) {
+        const __m256 g = _mm256_loadu_ps(gate + i);
+        __m256 z = gelu ? _mm256_mul_ps(_mm256_set1_ps(GELU_C2),
+                                        _mm256_fmadd_ps(_mm256_mul_ps(_mm256_mul_ps(g, g), _mm256_set1_ps(0.044715f)), g, g))
+                        : _mm256_xor_ps(g, _mm256_set1_ps(-0.0f));
+        z = _mm256_min_ps(hi, z);
+        z = _mm256_max_ps(lo, z);
+        const __m256 k = _mm256_round_ps(_mm256_mul_ps(z, _mm256_set1_ps(LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m256 r = _mm256_fmadd_ps(k, _mm256_set1_ps(-LN2_HI), z);
+        r = _mm256_fmadd_ps(k, _mm256_set1_ps(-LN2_LO), r);
+        __m256 y = _mm256_set1_ps(EXP_POLY[0]);
+        for (int j = 1; j < 6; j++) y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(EXP_POLY[j]));
+        y = _mm256_add_ps(_mm256_fmadd_ps(y, _mm256_mul_ps(r, r), r), one);
+        y = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(y), _mm256_slli_epi32(_mm256_cvtps_epi32(k), 23)));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, y)), _mm256_loadu_ps(up + i)));
+    }
+#endif
+    for (; i < n; i++) out[i] = gated_one(gate[i], up[i], gelu);
+}
+
 // Attention of one query row over S keys: out (D) = softmax(q·kᵀ · scale) · v, key and value rows
 // ldk / ldv floats apart; scores (S) is scratch. Scores are shifted by their max before exp, as
 // every softmax here is.
