@@ -5,6 +5,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -152,6 +153,8 @@ int64_t check_parts(at::TensorList weights, at::IntArrayRef types, at::IntArrayR
     return N;
 }
 
+constexpr int64_t CHUNK_BYTES = 256 << 10;
+
 void gemm_parts(const int8_t* qp, const float* dp, const int16_t* sp, const float* dsp, int64_t M, int64_t K,
                 at::TensorList weights, at::IntArrayRef types, at::IntArrayRef rows, int64_t isa, float* op) {
     std::vector<int64_t> tile0(weights.size() + 1, 0), row0(weights.size() + 1, 0);
@@ -159,16 +162,30 @@ void gemm_parts(const int8_t* qp, const float* dp, const int16_t* sp, const floa
         tile0[i + 1] = tile0[i] + weights[i].size(0);
         row0[i + 1] = row0[i] + rows[i];
     }
-    const int64_t N = row0.back();
+    const int64_t N = row0.back(), tiles = tile0.back();
     GemmFn fn = gemm_for(isa);
-    const int64_t grain = std::max<int64_t>(1, 32 / std::max<int64_t>(1, M));
-    at::parallel_for(0, tile0.back(), grain, [&](int64_t t0, int64_t t1) {
+    auto run = [&](int64_t t0, int64_t t1) {
         for (size_t i = 0; i < weights.size(); i++) {
             const int64_t lo = std::max(t0, tile0[i]), hi = std::min(t1, tile0[i + 1]);
             if (lo >= hi) continue;
             fn((int)types[i], weights[i].data_ptr<uint8_t>(), lo - tile0[i], hi - tile0[i], rows[i], K, qp, dp, sp,
                dsp, M, op + row0[i], N);
         }
+    };
+    // The tiles in chunks of at most CHUNK_BYTES (and at least 8 per thread), each thread taking
+    // the next chunk as it finishes one. With fixed halves the first thread done waited at every
+    // matmul's end for the other, which a slower core or a part of bigger tiles (a Q6_K v beside
+    // Q4_K q and k) held up. A tile is one thread's whichever takes it: the same bits.
+    const int64_t threads = at::get_num_threads(), grain = std::max<int64_t>(1, 32 / std::max<int64_t>(1, M));
+    const int64_t by_bytes = std::max<int64_t>(1, CHUNK_BYTES / weights[0].size(1));
+    const int64_t chunk = std::max(grain, std::min(tiles / (8 * threads), by_bytes)), chunks = (tiles + chunk - 1) / chunk;
+    if (threads == 1 || chunks == 1 || at::in_parallel_region()) {
+        run(0, tiles);
+        return;
+    }
+    std::atomic<int64_t> next{0};
+    at::parallel_for(0, std::min(threads, chunks), 1, [&](int64_t, int64_t) {
+        for (int64_t c = next++; c < chunks; c = next++) run(c * chunk, std::min(tiles, (c + 1) * chunk));
     });
 }
 
