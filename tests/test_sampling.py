@@ -155,14 +155,19 @@ def test_bad_params_name_the_parameter(changes, message):
         SamplingParams(**changes)
 
 
-def test_non_finite_logits_are_refused():
-    chain = SamplerChain.from_params(SamplingParams(seed=0), 3)
+@pytest.mark.parametrize("temperature", [0.8, 0.0])  # 0: a plain greedy chain's one pass
+def test_non_finite_logits_are_refused(temperature):
+    chain = SamplerChain.from_params(SamplingParams(seed=0, temperature=temperature), 3)
+    assert chain.greedy == (temperature == 0) and not (chain.greedy and chain.stages)
     with pytest.raises(ValueError, match="1 NaN/\\+inf logits"):
         chain.sample(torch.tensor([0.0, float("nan"), 1.0]))
+    with pytest.raises(ValueError, match="1 NaN/\\+inf logits"):
+        chain.sample(torch.tensor([2.0, 1.0, float("nan")]))  # after the largest finite one
     with pytest.raises(ValueError, match="NaN/\\+inf"):
         chain.sample(torch.tensor([0.0, float("inf"), 1.0]))
     with pytest.raises(ValueError, match="every token has -inf logit"):
         chain.sample(torch.full((3,), float("-inf")))
+    assert chain.sample(torch.tensor([float("-inf"), 1.0, 1.0])).token_id == 1  # the first of a tie
 
 
 def test_pick_walks_tokens_by_probability():

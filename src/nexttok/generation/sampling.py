@@ -251,6 +251,14 @@ class SamplerChain:
         stream (the explainer's stored draw of a node; ignored when greedy). record: keep each
         stage's StageRecord. The token is not accepted: the caller accepts the token it keeps."""
         start = time.perf_counter()
+        if not (self.stages or record) and type(self.selector) is Greedy and _cpu_float(logits):
+            # a plain greedy step: one pass, the argmax, whose value says all check_logits would (a NaN
+            # is numpy's argmax, a +inf the largest, -inf the largest only when every logit is)
+            row = logits.detach().numpy()
+            token = int(np.argmax(row))
+            if not math.isfinite(row[token]):
+                check_logits(logits)
+            return Sample(token, logits, None, None, time.perf_counter() - start)
         check_logits(logits)
         logits = logits.float()
         if record:

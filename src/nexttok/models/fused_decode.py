@@ -73,7 +73,7 @@ class FusedDecode:
         """A decode step (one new token per row) into a float32 KVCache or the server's batch of
         slots, nothing captured, no autograd."""
         return (ids.shape[1] == 1 and capture is None and not torch.is_grad_enabled()
-                and type(cache) in (KVCache, BatchView) and _rows(cache)[0].dtype == torch.float32)
+                and type(cache) in (KVCache, BatchView) and _store(cache).dtype == torch.float32)
 
     def run(self, blocks: nn.ModuleList, x: torch.Tensor, extra: tuple, masks: dict, cache) -> torch.Tensor:
         """x (B, 1, hidden) through every block; extra: RoPE's cos and sin (B, 1, 1, D/2). Each run of
@@ -112,6 +112,11 @@ def _windowed(cache, store: KVCache, layer: int) -> bool:
     keeps those in buffers of their own; no GGUF of a family planned here carries a window, so nothing
     fused reads them): it runs eagerly."""
     return layer in store.windows or (type(cache) is BatchView and layer in cache.owner.windows)
+
+
+def _store(cache) -> KVCache:
+    """The KVCache the keys are stored in (_rows' first, without making its tensors)."""
+    return cache if type(cache) is KVCache else cache.owner.store
 
 
 def _rows(cache) -> tuple[KVCache, torch.Tensor, torch.Tensor]:
