@@ -90,6 +90,52 @@ def test_a_float_model_has_no_fused_plan(written_gguf):
     assert fuse_decode(load_model(path.parent)).fused is None  # a checkpoint directory: torch's linears
 
 
+def cached_steps(model, prompt: torch.Tensor, steps: int) -> tuple[list[torch.Tensor], KVCache]:
+    cache = KVCache.for_model(model.config, batch=prompt.shape[0], max_len=prompt.shape[1] + steps + 1)
+    with torch.inference_mode():
+        out = [model(prompt, cache, last_only=True)[:, -1]]
+        for _ in range(steps):
+            out.append(model(out[-1].argmax(-1, keepdim=True), cache, last_only=True)[:, -1])
+    return out, cache
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_a_plain_step_in_one_call_is_the_general_fused_steps_bit_for_bit(default_model, monkeypatch, rows):
+    """FusedDecode.step, the lean path (no positions, masks or RoPE lookups made around the one
+    call), gives the general fused path's logits bit for bit and leaves the cache as it leaves it:
+    the same keys, positions, offset and contiguity."""
+    assert default_model.fused.lean
+    prompt = torch.randint(0, default_model.config.vocab_size, (rows, 9), generator=torch.Generator().manual_seed(2))
+    taken = []
+    step = FusedDecode.step
+    monkeypatch.setattr(FusedDecode, "step", lambda *a: taken.append(step(*a)) or taken[-1])
+    lean, lean_cache = cached_steps(default_model, prompt, 6)
+    assert [x is not None for x in taken] == [False] + [True] * 6  # the prefill declined, each step taken
+    monkeypatch.setattr(FusedDecode, "step", lambda *a: None)
+    general, general_cache = cached_steps(default_model, prompt, 6)
+    assert all(torch.equal(a, b) for a, b in zip(lean, general, strict=True))
+    assert (lean_cache.offset, lean_cache.contiguous) == (general_cache.offset, general_cache.contiguous)
+    assert torch.equal(lean_cache.pos, general_cache.pos)
+    assert all(torch.equal(a, b) for ga, gb in zip(lean_cache.groups, general_cache.groups, strict=True)
+               for a, b in zip(ga, gb, strict=True))
+
+
+def test_the_lean_step_declines_what_the_general_path_must_do(default_model):
+    """A prefill, padding (a cache no longer contiguous), a position past the model's context and
+    autograd all go the general way (which raises where it must), the cache untouched."""
+    fused, ids = default_model.fused, torch.tensor([[1]])
+    with torch.inference_mode():
+        cache = KVCache.for_model(default_model.config, max_len=8)
+        assert fused.step(default_model, torch.tensor([[1, 2]]), cache) is None  # prefill
+        cache.contiguous = False
+        assert fused.step(default_model, ids, cache) is None
+        full = KVCache.for_model(default_model.config, max_len=8)
+        full.offset = default_model.config.max_position_embeddings
+        assert fused.step(default_model, ids, full) is None
+        assert full.offset == default_model.config.max_position_embeddings  # untouched
+    assert fused.step(default_model, ids, KVCache.for_model(default_model.config, max_len=8)) is None  # autograd
+
+
 def test_steps_it_does_not_take_run_eagerly(default_model):
     ids = torch.tensor([[1]])
     cache = KVCache.for_model(default_model.config, max_len=8)

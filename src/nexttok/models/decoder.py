@@ -77,6 +77,10 @@ class Decoder(nn.Module):
     def stream(self, ids: torch.Tensor, cache: Cache | None, positions: torch.Tensor | None,
                capture: AttentionCapture | None) -> torch.Tensor:
         """The residual stream (B, T, hidden) after the last block, before the final norm."""
+        if self.fused is not None and positions is None and capture is None and self.compiled is None:
+            x = self.fused.step(self, ids, cache)  # a plain decode step in one call, or None
+            if x is not None:
+                return x
         q_pos = positions_for(ids, cache, positions, self.config.max_position_embeddings)
         k_pos, contiguous = keys_for(q_pos, cache, explicit=positions is not None)  # (B, S)
         masks = masks_for(q_pos, k_pos, set(self.windows), contiguous, cache)
