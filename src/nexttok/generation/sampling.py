@@ -254,9 +254,8 @@ class SamplerChain:
         if not (self.stages or record) and type(self.selector) is Greedy and _cpu_float(logits):
             # a plain greedy step: one pass, the argmax, whose value says all check_logits would (a NaN
             # is numpy's argmax, a +inf the largest, -inf the largest only when every logit is)
-            row = logits.detach().numpy()
-            token = int(np.argmax(row))
-            if not math.isfinite(row[token]):
+            token, _ = self.selector.select(logits)
+            if not math.isfinite(logits.detach().numpy()[token]):
                 check_logits(logits)
             return Sample(token, logits, None, None, time.perf_counter() - start)
         check_logits(logits)

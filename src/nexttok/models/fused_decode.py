@@ -77,20 +77,15 @@ class FusedDecode:
         the RoPE tables for cos and sin: the step is then one decode_layers call with no positions,
         masks or table lookups made around it (~0.3 ms of Python a token, a twentieth of the
         default model's step). The cache is left as stream leaves it, the logits are the same."""
-        if not (self.lean and type(cache) is KVCache and cache.contiguous and not cache.windows and ids.shape[1] == 1
-                and not torch.is_grad_enabled() and cache.offset < model.config.max_position_embeddings
-                and cache.groups[0][0].dtype == torch.float32):
+        if not (self.lean and type(cache) is KVCache and self.takes(ids, cache, None) and cache.contiguous
+                and not cache.windows and cache.offset < model.config.max_position_embeddings):
             return None
         b, offset = ids.shape[0], cache.offset
         cache.append_positions(torch.full((b, 1), offset, dtype=torch.long), contiguous=True)
         h = model.embed(ids).reshape(b, -1).contiguous()
         cos, sin = (t[offset:offset + 1].expand(b, -1).contiguous() for t in (model.rope_cos, model.rope_sin))
-        where = cache.slots_of
-        h = kernels.load().decode_layers(self.layers, h, cos, sin, [cache.groups[g][0] for g, _ in where],
-                                         [cache.groups[g][1] for g, _ in where], [r for _, r in where],
-                                         torch.arange(b), torch.zeros(b, dtype=torch.long),
-                                         torch.full((b,), offset, dtype=torch.long))
-        return h.view(b, 1, -1)
+        store, slot, ends = _rows(cache)
+        return self._fused(0, len(self.layers), h, cos, sin, store, slot, _starts(ALL, b), ends).view(b, 1, -1)
 
     @staticmethod
     def takes(ids: torch.Tensor, cache, capture) -> bool:
@@ -112,11 +107,16 @@ class FusedDecode:
                 for i in range(lo, hi):
                     h = blocks[i](h.view(b, 1, hidden), *extra, masks, cache, None).reshape(b, hidden).contiguous()
                 continue
-            where = store.slots_of[lo:hi]  # each layer's (group, row) in the cache's buffers
-            ks, vs = [store.groups[g][0] for g, _ in where], [store.groups[g][1] for g, _ in where]
-            h = kernels.load().decode_layers(self.layers[lo:hi], h, cos, sin, ks, vs, [r for _, r in where], slot,
-                                             first, ends)
+            h = self._fused(lo, hi, h, cos, sin, store, slot, first, ends)
         return h.view(b, 1, hidden)
+
+    def _fused(self, lo: int, hi: int, h: torch.Tensor, cos, sin, store: KVCache, slot, first, ends) -> torch.Tensor:
+        """h (B, hidden) through the planned layers lo..hi-1 in one C++ call (kernels' decode_layers),
+        each reading its keys at its (group, row) of the store's buffers."""
+        where = store.slots_of[lo:hi]
+        ks, vs = [store.groups[g][0] for g, _ in where], [store.groups[g][1] for g, _ in where]
+        return kernels.load().decode_layers(self.layers[lo:hi], h, cos, sin, ks, vs, [r for _, r in where], slot,
+                                            first, ends)
 
     def _runs(self, cache, store: KVCache, starts: dict) -> list[list]:
         """[first layer, end, first keys or None (eager)] of each run of layers that go alike: planned
