@@ -11,7 +11,7 @@
 //     Σ w·x = A·d·Σ u·q + B·ds
 // and the int8 dot takes unsigned weights (vpdpbusd / vpmaddubsw want one unsigned operand):
 //     Q4_0  A = d,       B = -8 d          Q4_1, Q5_1  A = d, B = m
-//     Q5_0  A = d,       B = -16 d         Q8_0  A = d, u = w + 128 and B = -128 d (VNNI), or
+//     Q5_0  A = d,       B = -16 d         Q8_0  A = d, u = w + 128 and B = -128 d (VNNI: int_offset), or
 //     Q4_K  A = d·sc_j,  B = -dmin·mn_j          signed bytes by the sign trick (AVX2)
 //     Q5_K  as Q4_K                         IQ4_NL  A = d, u = the codebook's value (+ 128 and
 //     Q6_K  A = d·sc,    B = -32 d·sc               B = -128 d on VNNI, signed on AVX2, as Q8_0)
@@ -171,13 +171,23 @@ static inline __m256i codebook() {
     }
 }
 
+// VNNI, the types of plain nibbles: chunks 4..7 (a byte's high nibble) stay where they are, 16·u,
+// and their dots are shifted right by 4 once a group (dot_chunks) instead of each chunk by 4 first.
+// Exact: 16·u·x summed over a group is at most 240·127·16 in magnitude, and a multiple of 16.
+template <int TYPE>
+static inline constexpr bool high_in_place() {
+    return NQ_VNNI && (TYPE == NQ_Q4_0 || TYPE == NQ_Q4_1 || TYPE == NQ_Q4_K);
+}
+
 // Chunk C (values 4C..4C+3) of 8 rows of group planes p: one 256-bit register, row r in lane r.
 // C is a template argument so that every shift is an immediate.
 template <int TYPE, int C>
 static inline __m256i chunk(const uint8_t* p, __m256i book) {
     constexpr int lo = nq_low_bits(TYPE), hi = nq_high_bits(TYPE);
     const __m256i v = _mm256_loadu_si256((const __m256i*)(p + 32 * nq_plane_vector(lo, C)));
-    if constexpr (TYPE == NQ_Q8_0) {
+    if constexpr (high_in_place<TYPE>() && C >= 4) {
+        return field<4, 4, 4>(v);
+    } else if constexpr (TYPE == NQ_Q8_0) {
         return NQ_VNNI ? _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80)) : v;  // VNNI: u = w + 128
     } else {
         __m256i u = field<nq_plane_shift(lo, C), 0, lo>(v);
@@ -209,7 +219,22 @@ template <int TYPE, int C0, int C1>
 static inline __m256i dot_chunks(const __m256i* w, const int8_t* x, __m256i by = _mm256_set1_epi16(1)) {
     __m256i acc = _mm256_setzero_si256();
 #if NQ_VNNI
-    for (int c = C0; c < C1; c++) acc = _mm256_dpbusd_epi32(acc, w[c], bcast4(x + 4 * c));
+    // two chains of vpdpbusd, the even chunks' and the odd ones': each waits on the one before it in
+    // its chain, and a single chain of 8 held a group for 8 of its latencies (Zen 4, one row: Q4_K +8%)
+    __m256i odd = _mm256_setzero_si256();
+    if constexpr (high_in_place<TYPE>()) {  // the low nibbles' chain and the high ones' (16·u)
+        static_assert(C0 == 0 && C1 == 8, "a whole group");
+        for (int c = 0; c < 8; c++) {
+            if (c < 4) acc = _mm256_dpbusd_epi32(acc, w[c], bcast4(x + 4 * c));
+            else odd = _mm256_dpbusd_epi32(odd, w[c], bcast4(x + 4 * c));
+        }
+        return _mm256_add_epi32(acc, _mm256_srai_epi32(odd, 4));
+    }
+    for (int c = C0; c < C1; c++) {
+        if ((c - C0) & 1) odd = _mm256_dpbusd_epi32(odd, w[c], bcast4(x + 4 * c));
+        else acc = _mm256_dpbusd_epi32(acc, w[c], bcast4(x + 4 * c));
+    }
+    acc = _mm256_add_epi32(acc, odd);
 #else
     // vpmaddubsw pairs into int16, summed over as many chunks as cannot overflow (each int16 takes
     // 2 products of at most weight_max · 127 per chunk), then vpmaddwd
@@ -247,6 +272,15 @@ static inline __m256i dot_unpacked(const uint8_t* p, const int8_t* x, __m256i by
     const __m256i part = _mm256_madd_epi16(sum16_unpacked<TYPE, C0, C0 + n>(p, x), by);
     if constexpr (C0 + n < C1) return _mm256_add_epi32(part, dot_unpacked<TYPE, C0 + n, C1>(p, x, by));
     else return part;
+}
+
+// VNNI's types whose weight is A·(u - k) (B = -k·A): Q4_0, Q5_0, and the +128 of signed weights.
+// Their k·Σx is taken from the dot in integers (k·(s₀ + s₁), exact), so that no B·ds is summed as a
+// float: the +128's two large terms cancelled there, and -128·A overflowed float32 for MXFP4's
+// largest scales (2^124: an inf where every product is finite).
+template <int TYPE>
+static inline constexpr int int_offset() {
+    return !NQ_VNNI ? 0 : TYPE == NQ_Q4_0 ? 8 : TYPE == NQ_Q5_0 ? 16 : signed_weights(TYPE) ? 128 : 0;
 }
 
 // A and B of w = A·u + B for 8 rows, types with one scale per 32 values.
@@ -421,7 +455,7 @@ static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const flo
                     const int16_t* sr = s + r * 2 * G + 2 * g;
                     __m256 m = _mm256_mul_ps(mn[0], _mm256_set1_ps(da * sr[0]));
                     m = _mm256_fmadd_ps(mn[1], _mm256_set1_ps(da * sr[1]), m);
-                    acc[r] = _mm256_fmadd_ps(m, B, acc[r]);
+                    mins[r] = _mm256_fmadd_ps(m, B, mins[r]);
                 }
 #endif
             } else if constexpr (k_mins) {
@@ -440,9 +474,20 @@ static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const flo
                 __m256 A, B;
                 group_ab<TYPE>(dw, second, gs, &A, &B);
                 for (int r = 0; r < R; r++) {
-                    const __m256 dot = _mm256_cvtepi32_ps(dot_chunks<TYPE, 0, 8>(w, q + r * K + 32 * g));
+                    __m256i sum = dot_chunks<TYPE, 0, 8>(w, q + r * K + 32 * g);
+                    if constexpr (int_offset<TYPE>() != 0) {
+                        int32_t pair;  // the row's two sums of 16, adjacent int16
+                        memcpy(&pair, s + r * 2 * G + 2 * g, 4);
+                        const __m256i k = _mm256_set1_epi16(int_offset<TYPE>());
+                        sum = _mm256_sub_epi32(sum, _mm256_madd_epi16(_mm256_set1_epi32(pair), k));
+                    }
+                    const __m256 dot = _mm256_cvtepi32_ps(sum);
                     acc[r] = _mm256_fmadd_ps(dot, _mm256_mul_ps(A, _mm256_set1_ps(d[r * G + g])), acc[r]);
-                    if (!signed_weights(TYPE) || NQ_VNNI) acc[r] = _mm256_fmadd_ps(B, _mm256_set1_ps(ds[r * G + g]), acc[r]);
+                    // the min terms: VNNI in sums of their own (one fma a group on acc's chain, not two)
+                    if constexpr (NQ_VNNI && int_offset<TYPE>() == 0)
+                        mins[r] = _mm256_fmadd_ps(B, _mm256_set1_ps(ds[r * G + g]), mins[r]);
+                    else if constexpr (!NQ_VNNI && !signed_weights(TYPE))
+                        acc[r] = _mm256_fmadd_ps(B, _mm256_set1_ps(ds[r * G + g]), acc[r]);
                 }
             }
         }
@@ -462,6 +507,7 @@ static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const flo
     }
     for (int r = 0; r < R; r++) {
         if constexpr (k_mins) acc[r] = _mm256_sub_ps(acc[r], mins[r]);
+        if constexpr (NQ_VNNI) acc[r] = _mm256_add_ps(acc[r], mins[r]);
         if (valid == NQ_TILE) {
             _mm256_storeu_ps(out + r * ldo, acc[r]);
         } else {
