@@ -261,13 +261,28 @@ def _nexttok(*args: str, **kwargs) -> subprocess.CompletedProcess:
 
 
 def test_run_default_model_greedy_tokens_same_as_one_process():
-    prompt = "Once upon a time"
-    result = _nexttok("run", "--tensor-parallel", "2", "--temperature", "0", "--max-tokens", "16", "--json", prompt)
-    assert result.returncode == 0, result.stderr
-    got = [json.loads(line)["token_id"] for line in result.stdout.splitlines()]
+    """The same greedy tokens and logprobs as one process, up to the first near tie. Not bit for bit:
+    a row-parallel layer adds its two halves' sums where one process sums the whole row in another
+    order, and the 8-bit activations round that difference up ("Once upon a time"'s second token's
+    logprobs 0.065 apart), so where the top two are as close (0.009 apart at its fifth token, with
+    AVX-512 VNNI's kernels) either may win: test_quant's cache on/off check, with its bounds."""
     checkpoint = load_checkpoint("default")
-    expected = generate(checkpoint.model, checkpoint.tokenizer, prompt, GREEDY, max_tokens=16).token_ids
-    assert got == expected
+    compared = 0
+    for prompt in ("Once upon a time", "def fibonacci(n):", "The best way to learn a language is"):
+        result = _nexttok("run", "--tensor-parallel", "2", "--temperature", "0", "--max-tokens", "16", "--json",
+                          prompt)
+        assert result.returncode == 0, result.stderr
+        got = [json.loads(line) for line in result.stdout.splitlines()]
+        expected = generate(checkpoint.model, checkpoint.tokenizer, prompt, GREEDY, max_tokens=16, top_n=2).steps
+        assert len(got) == len(expected) == 16
+        for step, one in zip(got, expected, strict=True):
+            gaps = (step["top"][0]["logprob"] - step["top"][1]["logprob"], one.top[0].logprob - one.top[1].logprob)
+            if min(gaps) < 0.15:  # a near tie in either: the next token may differ
+                break
+            assert step["token_id"] == one.token_id
+            assert abs(step["logprob"] - one.logprob) < 0.3, (prompt, step["index"])
+            compared += 1
+    assert compared >= 24, f"only {compared} steps before near ties: the check saw too little"
 
 
 def _free_port() -> int:
