@@ -212,30 +212,34 @@ static inline __m256i bcast4(const int8_t* x) {
     return _mm256_set1_epi32(four);
 }
 
-// Σ over chunks C0..C1-1 of u·x for one activation row x (32 int8), lane r = row r. AVX2: times
-// `by`, each 32-bit lane's int16 factor twice (vpmaddwd's; ones: 1): the per-16 types' scale of
-// the half, or Q4_K's and Q5_K's sc_j.
+// Σ over chunks C0..C1-1 of u·x for one activation row x (32 int8), lane r = row r. By vpmaddubsw
+// (AVX2; VNNI's per-16 types) times `by`, each 32-bit lane's int16 factor twice (vpmaddwd's; ones:
+// 1): the per-16 types' scale of the half, or Q4_K's and Q5_K's sc_j. VNNI's per-16 types take that
+// path for its integer scales: their dots by vpdpbusd, scaled as floats, were as fast at one row
+// (Q6_K; Q2_K and Q3_K 3% slower) and 15-22% slower at eight (Q6_K, Q3_K; Zen 4).
 template <int TYPE, int C0, int C1>
 static inline __m256i dot_chunks(const __m256i* w, const int8_t* x, __m256i by = _mm256_set1_epi16(1)) {
     __m256i acc = _mm256_setzero_si256();
 #if NQ_VNNI
-    // two chains of vpdpbusd, the even chunks' and the odd ones': each waits on the one before it in
-    // its chain, and a single chain of 8 held a group for 8 of its latencies (Zen 4, one row: Q4_K +8%)
-    __m256i odd = _mm256_setzero_si256();
-    if constexpr (high_in_place<TYPE>()) {  // the low nibbles' chain and the high ones' (16·u)
-        static_assert(C0 == 0 && C1 == 8, "a whole group");
-        for (int c = 0; c < 8; c++) {
-            if (c < 4) acc = _mm256_dpbusd_epi32(acc, w[c], bcast4(x + 4 * c));
-            else odd = _mm256_dpbusd_epi32(odd, w[c], bcast4(x + 4 * c));
+    if constexpr (!nq_per16(TYPE)) {
+        // two chains of vpdpbusd, the even chunks' and the odd ones': each waits on the one before it in
+        // its chain, and a single chain of 8 held a group for 8 of its latencies (Zen 4, one row: Q4_K +8%)
+        __m256i odd = _mm256_setzero_si256();
+        if constexpr (high_in_place<TYPE>()) {  // the low nibbles' chain and the high ones' (16·u)
+            static_assert(C0 == 0 && C1 == 8, "a whole group");
+            for (int c = 0; c < 8; c++) {
+                if (c < 4) acc = _mm256_dpbusd_epi32(acc, w[c], bcast4(x + 4 * c));
+                else odd = _mm256_dpbusd_epi32(odd, w[c], bcast4(x + 4 * c));
+            }
+            return _mm256_add_epi32(acc, _mm256_srai_epi32(odd, 4));
         }
-        return _mm256_add_epi32(acc, _mm256_srai_epi32(odd, 4));
+        for (int c = C0; c < C1; c++) {
+            if ((c - C0) & 1) odd = _mm256_dpbusd_epi32(odd, w[c], bcast4(x + 4 * c));
+            else acc = _mm256_dpbusd_epi32(acc, w[c], bcast4(x + 4 * c));
+        }
+        return _mm256_add_epi32(acc, odd);
     }
-    for (int c = C0; c < C1; c++) {
-        if ((c - C0) & 1) odd = _mm256_dpbusd_epi32(odd, w[c], bcast4(x + 4 * c));
-        else acc = _mm256_dpbusd_epi32(acc, w[c], bcast4(x + 4 * c));
-    }
-    acc = _mm256_add_epi32(acc, odd);
-#else
+#endif
     // vpmaddubsw pairs into int16, summed over as many chunks as cannot overflow (each int16 takes
     // 2 products of at most weight_max · 127 per chunk), then vpmaddwd
     constexpr int run = 32767 / (2 * 127 * weight_max(TYPE));
@@ -251,7 +255,6 @@ static inline __m256i dot_chunks(const __m256i* w, const int8_t* x, __m256i by =
         }
         acc = _mm256_add_epi32(acc, _mm256_madd_epi16(sum16, by));
     }
-#endif
     return acc;
 }
 
@@ -296,20 +299,6 @@ static inline void group_ab(__m256 dw, __m256 second, const uint8_t* gs, __m256*
         *A = TYPE == NQ_IQ4_XS ? _mm256_mul_ps(dw, load_i8x8(gs, true)) : dw;
         const float k = TYPE == NQ_Q4_0 ? -8.0f : TYPE == NQ_Q5_0 ? -16.0f : NQ_VNNI ? -128.0f : 0.0f;
         *B = _mm256_mul_ps(*A, _mm256_set1_ps(k));
-    }
-}
-
-// The per-16 types' scales of 8 rows: of the two halves' Σu·x (sc) and of their activation sums (mn).
-template <int TYPE>
-static inline void half_scales(const uint8_t* gs, __m256* sc, __m256* mn) {
-    for (int h = 0; h < 2; h++) {
-        if (TYPE == NQ_Q2_K) {  // sc | mn << 4
-            const __m256i b = load_u8x8(gs + 8 * h);
-            sc[h] = _mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(0xf)));
-            mn[h] = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
-        } else {
-            sc[h] = mn[h] = load_i8x8(gs + 8 * h, true);
-        }
     }
 }
 
@@ -396,7 +385,7 @@ static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const flo
     constexpr bool k_mins = (TYPE == NQ_Q4_K || TYPE == NQ_Q5_K) && !NQ_VNNI, mins_inline = R <= 2;
     // one row: Q3_K, Q5_K, Q6_K unpack each chunk as its product needs it (dot_unpacked); Q2_K and
     // Q4_K, whose chunks are a shift and an and away, lost 2-3% so
-    constexpr bool unpack_as_used = R == 1 && (TYPE == NQ_Q3_K || TYPE == NQ_Q5_K || TYPE == NQ_Q6_K) && !NQ_VNNI;
+    constexpr bool unpack_as_used = R == 1 && (TYPE == NQ_Q3_K || TYPE == NQ_Q6_K || (TYPE == NQ_Q5_K && !NQ_VNNI));
     __m256 acc[R], mins[R];
     for (int r = 0; r < R; r++) acc[r] = mins[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < units; b++) {
@@ -417,7 +406,6 @@ static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const flo
             __m256i w[8];
             if constexpr (!unpack_as_used) group_chunks<TYPE>(planes, w);
             if constexpr (nq_per16(TYPE)) {  // Σ = dw·da·(sc₀·dot₀ + sc₁·dot₁) + B·da·(mn₀·s₀ + mn₁·s₁)
-#if !NQ_VNNI
                 // all in integers: Σ sc_h·dot_h and Σ k·mn_h·s_h, one conversion each (Q3_K, Q6_K: one,
                 // as their offset k shares dw's factor: Σ sc_h·(dot_h - k·s_h) = Σ sc_h·Σ (u - k)·x)
                 __m256i by[2], bm;
@@ -441,23 +429,6 @@ static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const flo
                         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(t, m)), _mm256_mul_ps(dw, da), acc[r]);
                     }
                 }
-#else
-                __m256 sc[2], mn[2];
-                half_scales<TYPE>(gs, sc, mn);
-                const __m256 B = TYPE == NQ_Q2_K ? _mm256_mul_ps(second, _mm256_set1_ps(-1.0f))
-                                                 : _mm256_mul_ps(dw, _mm256_set1_ps(TYPE == NQ_Q3_K ? -4.0f : -32.0f));
-                for (int r = 0; r < R; r++) {
-                    const int8_t* x = q + r * K + 32 * g;
-                    const float da = d[r * G + g];
-                    __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(dot_chunks<TYPE, 0, 4>(w, x)), sc[0]);
-                    t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_chunks<TYPE, 4, 8>(w, x)), sc[1], t);
-                    acc[r] = _mm256_fmadd_ps(t, _mm256_mul_ps(dw, _mm256_set1_ps(da)), acc[r]);
-                    const int16_t* sr = s + r * 2 * G + 2 * g;
-                    __m256 m = _mm256_mul_ps(mn[0], _mm256_set1_ps(da * sr[0]));
-                    m = _mm256_fmadd_ps(mn[1], _mm256_set1_ps(da * sr[1]), m);
-                    mins[r] = _mm256_fmadd_ps(m, B, mins[r]);
-                }
-#endif
             } else if constexpr (k_mins) {
                 const __m256i by = k_scale_factors(gs);
                 const __m256 dmin_mn = k_dmin_mn(gs, second);
