@@ -288,6 +288,12 @@ static inline __m256i dot_unpacked(const uint8_t* p, const int8_t* x, __m256i by
     else return part;
 }
 
+// A row's two sums of 16 (s₀, s₁: adjacent int16 at sr) times vpmaddwd's factors (f₀, f₁) in every
+// lane: s₀·f₀ + s₁·f₁.
+static inline __m256i times_sums16(const int16_t* sr, __m256i f) {
+    return _mm256_madd_epi16(bcast4((const int8_t*)sr), f);
+}
+
 // VNNI's types whose weight is A·(u - k) (B = -k·A): Q4_0, Q5_0, and the +128 of the codebook
 // types. Their k·Σx is taken from the dot in integers (k·(s₀ + s₁), exact), so that no B·ds is
 // summed as a float: -128·A overflowed float32 for MXFP4's largest scales (2^124: an inf where every
@@ -432,9 +438,7 @@ static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const flo
                                              dot_unpacked<TYPE, 4, 8>(planes, x, by[1]));
                     else
                         t = _mm256_add_epi32(dot_chunks<TYPE, 0, 4>(w, x, by[0]), dot_chunks<TYPE, 4, 8>(w, x, by[1]));
-                    int32_t pair;  // the row's two sums of 16, adjacent int16
-                    memcpy(&pair, s + r * 2 * G + 2 * g, 4);
-                    const __m256i m = _mm256_madd_epi16(_mm256_set1_epi32(pair), bm);
+                    const __m256i m = times_sums16(s + r * 2 * G + 2 * g, bm);
                     if constexpr (TYPE == NQ_Q2_K) {
                         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(dw, da), acc[r]);
                         acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(second, da), acc[r]);
@@ -459,18 +463,13 @@ static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const flo
                 group_ab<TYPE>(dw, second, gs, &A, &B);
                 for (int r = 0; r < R; r++) {
                     __m256i sum = dot_chunks<TYPE, 0, 8>(w, q + r * K + 32 * g);
-                    if constexpr (int_offset<TYPE>() != 0) {
-                        int32_t pair;  // the row's two sums of 16, adjacent int16
-                        memcpy(&pair, s + r * 2 * G + 2 * g, 4);
-                        const __m256i k = _mm256_set1_epi16(int_offset<TYPE>());
-                        sum = _mm256_sub_epi32(sum, _mm256_madd_epi16(_mm256_set1_epi32(pair), k));
-                    }
+                    if constexpr (int_offset<TYPE>() != 0)
+                        sum = _mm256_sub_epi32(sum, times_sums16(s + r * 2 * G + 2 * g, _mm256_set1_epi16(int_offset<TYPE>())));
                     const __m256 dot = _mm256_cvtepi32_ps(sum);
                     acc[r] = _mm256_fmadd_ps(dot, _mm256_mul_ps(A, _mm256_set1_ps(d[r * G + g])), acc[r]);
                     // the min terms (Q4_1, Q5_1, Q4_K, Q5_K): VNNI's in sums of their own (one fma a
                     // group on acc's chain, not two)
-                    constexpr bool own_mins = NQ_VNNI && int_offset<TYPE>() == 0 && TYPE != NQ_Q8_0;
-                    if constexpr (own_mins)
+                    if constexpr (NQ_VNNI && nq_has_min(TYPE))
                         mins[r] = _mm256_fmadd_ps(B, _mm256_set1_ps(ds[r * G + g]), mins[r]);
                     else if constexpr (int_offset<TYPE>() == 0 && (!signed_weights(TYPE) || NQ_VNNI))
                         acc[r] = _mm256_fmadd_ps(B, _mm256_set1_ps(ds[r * G + g]), acc[r]);
