@@ -31,7 +31,7 @@
 namespace NQ_NS {
 
 #ifndef NQ_AHEAD
-#define NQ_AHEAD 2048  // bytes of weights requested ahead of the one being read (tile_rows)
+#define NQ_AHEAD 2048  // bytes of weights requested ahead of the one being read (tile_rows); 0: none
 #endif
 
 static inline float f16(const uint8_t* p) {
@@ -412,8 +412,10 @@ static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const flo
         // the lines NQ_AHEAD bytes on requested as each unit is read: weights stream from memory once
         // per token, and the hardware prefetcher stops at every 4 KiB page. Spread over the loop, not
         // a burst per tile: the burst overran the fill buffers (AMD EPYC, 2 threads, 8192x2048
-        // weights from memory: Q4_0 19.4 -> 24 GB/s, Q6_K 17.6 -> 22.4, Q8_0 19.2 -> 22)
-        for (int o = 0; o < ub; o += 64) _mm_prefetch((const char*)(unit + NQ_AHEAD + o), _MM_HINT_T0);
+        // weights from memory: Q4_0 19.4 -> 24 GB/s, Q6_K 17.6 -> 22.4, Q8_0 19.2 -> 22). None on
+        // VNNI (q_vnni.cpp)
+        if constexpr (NQ_AHEAD > 0)
+            for (int o = 0; o < ub; o += 64) _mm_prefetch((const char*)(unit + NQ_AHEAD + o), _MM_HINT_T0);
         const __m256 dw = header_scales<TYPE>(unit);
         const __m256 second = nq_has_min(TYPE) ? load_f16x8(unit + 16) : _mm256_setzero_ps();
         __m256 unit_acc[k_mins ? R : 1];  // Q4_K, Q5_K: the unit's Σ sc_j·dot_j·d, times its d once
