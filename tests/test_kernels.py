@@ -111,7 +111,7 @@ def test_tiles_hold_exactly_the_file_values(kind, rows, k):
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("kind", list(kernels.BLOCKS))
 @pytest.mark.parametrize(("rows", "k"), SHAPES)
-@pytest.mark.parametrize("m", [1, 3, 5, 6, 9, 15])  # every remainder of the 8- and 4-row steps
+@pytest.mark.parametrize("m", [1, 3, 5, 6, 9, 15, 17, 31])  # every remainder of the 8- and 4-row steps, and VNNI's 16
 def test_product_equals_dequantized_weight_times_8_bit_activation(isa, kind, rows, k, m):
     raw = random_blocks(kind, rows, k, seed=rows + k)
     weight = kernels.repack(kind, torch.from_numpy(raw), k)

@@ -578,7 +578,11 @@ static void gemm_type(const uint8_t* w, int64_t t0, int64_t t1, int64_t N, int64
         float* o = out + t * NQ_TILE;
         int64_t m = 0;
         // 8 rows a step, the weights' unpacking and scales shared by more of them (Q6_K's prefill +10%);
-        // Q8_0 has none to share, and the 8 rows' registers slowed it by 5%
+        // Q8_0 has none to share, and the 8 rows' registers slowed it by 5%. VNNI (32 vector registers):
+        // 16, which took 3-7% off every type's 16 rows in L2 but Q2_K's (Zen 4, bench/kernels_ab.py)
+        if constexpr (NQ_VNNI && TYPE != NQ_Q8_0)
+            for (; m + 16 <= M; m += 16)
+                tile_rows<TYPE, 16>(tile, K, q + m * K, d + m * G, s + m * 2 * G, ds + m * G, o + m * ldo, ldo, valid);
         for (; TYPE != NQ_Q8_0 && m + 8 <= M; m += 8)
             tile_rows<TYPE, 8>(tile, K, q + m * K, d + m * G, s + m * 2 * G, ds + m * G, o + m * ldo, ldo, valid);
         for (; m + 4 <= M; m += 4)
