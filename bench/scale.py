@@ -10,8 +10,9 @@ weights ~N(0, 0.02), norms 1, the tokenizer metadata copied from the Qwen2.5-Cod
 caches that under ~/.cache/nexttok-ref/scale/<shape>-q4_k_m.gguf, so later runs reuse it (--type names
 other llama-quantize types, each cached the same way, and a summary row per file ends the report). Then
 nexttok.bench_native.measure alternates nexttok and llama-bench over --rounds (medians and ranges),
-and the roofline is printed: in each round, right after nexttok's greedy decode, the memory's read
-bandwidth is measured (it swings by a third within the hour here), and that round's decode times the
+and the roofline is printed: in each round, right before and right after nexttok's greedy decode, the
+memory's read bandwidth is measured and the larger taken (on a Zen 4 VM it flips between ~35 and ~65
+GB/s within seconds), and that round's decode times the
 bytes nexttok's loaded model reads per step (nexttok.benchmark.weight_bytes) is taken as a % of it;
 the median and range of those %.
 Random weights change no timing: every kernel reads the same bytes whatever the values.
@@ -192,7 +193,8 @@ def main() -> None:
 
 def _one(kind: str, path: Path, binary: Path, args) -> str:
     """One file's table (printed) and its summary row: the ratios' medians (ranges), and the roofline's
-    % per round (the read bandwidth measured in the same round, right after nexttok's decode)."""
+    % per round (the read bandwidth measured in the same round, the larger of right before and right
+    after nexttok's decode)."""
     from nexttok.bench_native import measure, table
 
     memory: list[tuple[float, int]] = []

@@ -75,7 +75,10 @@ def llama_bench(binary: Path, model: str, threads: int, prompt: int, new: int) -
 
 def _worker(source: str, threads: int, prompt: int, new: int, conn, bandwidth: bool = False) -> None:
     """The model loaded once; each message "round" answers {"decode_tps", "sampled_tps", "prefill_tps"}
-    (and, if asked, "read_gbs", the memory's read bandwidth measured right after the greedy decode, and
+    (and, if asked, "read_gbs", the memory's read bandwidth measured right before and right after the
+    greedy decode, the larger of the two (this host's memory swings between two states, ~35 and ~65 GB/s
+    with 2 threads, within seconds: one measurement after the decode could catch the other state and
+    put the decode above 100% of it), and
     "weight_bytes", what a decode step of the loaded model reads)."""
     import torch
 
@@ -102,9 +105,10 @@ def _worker(source: str, threads: int, prompt: int, new: int, conn, bandwidth: b
         prefill_prompt(model, long)
         prefill_tps = prompt / (time.perf_counter() - start)
         seed += 1
+        before = measure_read_bandwidth() if bandwidth else 0.0
         got = {"prefill_tps": prefill_tps, "decode_tps": decode(new, SamplingParams(temperature=0))}
         if bandwidth:
-            got["read_gbs"], got["weight_bytes"] = measure_read_bandwidth(), weight_bytes(model)
+            got["read_gbs"], got["weight_bytes"] = max(before, measure_read_bandwidth()), weight_bytes(model)
         conn.send({**got, "sampled_tps": decode(new, SamplingParams(**LLAMA_CPP_SAMPLING, seed=seed))})
 
 
