@@ -494,7 +494,7 @@ static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const flo
     }
     for (int r = 0; r < R; r++) {
         if constexpr (k_mins) acc[r] = _mm256_sub_ps(acc[r], mins[r]);
-        if constexpr (NQ_VNNI) acc[r] = _mm256_add_ps(acc[r], mins[r]);
+        if constexpr (NQ_VNNI && nq_has_min(TYPE)) acc[r] = _mm256_add_ps(acc[r], mins[r]);  // as summed above
         if (valid == NQ_TILE) {
             _mm256_storeu_ps(out + r * ldo, acc[r]);
         } else {
