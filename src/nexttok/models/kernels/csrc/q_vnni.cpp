@@ -3,9 +3,10 @@
 #define NQ_NS nq_vnni
 #define NQ_AVX2 1
 #define NQ_VNNI 1
-// No software prefetch: on an AMD EPYC Zen 4 (AVX-512 VNNI, 2 MiB pages) its hardware prefetcher kept
-// one core at its ~34 GB/s alone, and the requests 2 KiB ahead took it down to 27 (Q4_K, 131072x1536
-// from memory, one thread, bench/kernels_ab.py); the Qwen2.5-1.5B-shaped Q4_K_M file decoded 1.19x
-// faster without them. Intel's Xeons with VNNI are not measured yet.
+// No software prefetch: on an AMD EPYC Zen 4 (AVX-512 VNNI, 2 MiB pages) the hardware prefetcher alone
+// keeps one core near its ~34 GB/s, and the requests 2 KiB ahead slowed a Q4_K weight from memory
+// (131072x1536, one thread: bench/kernels_ab.py read 0.98-1.29x without them over six runs, median
+// 1.08x); the Qwen2.5-1.5B-shaped Q4_K_M file decoded 1.19x faster without them (alternating
+// processes, 8 rounds). Intel's Xeons with VNNI are not measured yet.
 #define NQ_AHEAD 0
 #include "qkern.h"
