@@ -224,15 +224,16 @@ static inline __m256i bcast4(const int8_t* x) {
 }
 
 // Σ over chunks C0..C1-1 of u·x for one activation row x (32 int8), lane r = row r. By vpmaddubsw
-// (AVX2; VNNI's per-16 types) times `by`, each 32-bit lane's int16 factor twice (vpmaddwd's; ones:
-// 1): the per-16 types' scale of the half, or Q4_K's and Q5_K's sc_j. VNNI's per-16 types take that
-// path for its integer scales: their dots by vpdpbusd, scaled as floats, were as fast at one row
-// (Q6_K; Q2_K and Q3_K 3% slower) and 15-22% slower at eight (Q6_K, Q3_K; Zen 4).
+// (AVX2) times `by`, each 32-bit lane's int16 factor twice (vpmaddwd's; ones: 1): the per-16 types'
+// scale of the half, or Q4_K's and Q5_K's sc_j. VNNI: by vpdpbusd, and for the per-16 types (one
+// half a call) times `by` as one int32 per lane (vpmulld; half_scales32), the same integers: the
+// vpmaddubsw path they took before ran 1.05-1.12x slower (Q6_K, Q3_K, Q2_K at 1, 8 and 16 rows in
+// L2, Zen 4; their dots scaled as floats had been as fast at one row and 15-22% slower at eight).
 template <int TYPE, int C0, int C1>
 static inline __m256i dot_chunks(const __m256i* w, const int8_t* x, __m256i by = _mm256_set1_epi16(1)) {
     __m256i acc = _mm256_setzero_si256();
 #if NQ_VNNI
-    if constexpr (!nq_per16(TYPE)) {
+    {
         // two chains of vpdpbusd, the even chunks' and the odd ones': each waits on the one before it in
         // its chain, and a single chain of 8 held a group for 8 of its latencies (Zen 4, one row: Q4_K +8%)
         __m256i odd = _mm256_setzero_si256();
@@ -248,9 +249,10 @@ static inline __m256i dot_chunks(const __m256i* w, const int8_t* x, __m256i by =
             if ((c - C0) & 1) odd = _mm256_dpbusd_epi32(odd, w[c], bcast4(x + 4 * c));
             else acc = _mm256_dpbusd_epi32(acc, w[c], bcast4(x + 4 * c));
         }
-        return _mm256_add_epi32(acc, odd);
+        // exact: |sc·Σu·x| <= 128·63·127·16 for Q6_K's half
+        return nq_per16(TYPE) ? _mm256_mullo_epi32(_mm256_add_epi32(acc, odd), by) : _mm256_add_epi32(acc, odd);
     }
-#endif
+#else
     // vpmaddubsw pairs into int16, summed over as many chunks as cannot overflow (each int16 takes
     // 2 products of at most weight_max · 127 per chunk), then vpmaddwd
     constexpr int run = 32767 / (2 * 127 * weight_max(TYPE));
@@ -267,6 +269,7 @@ static inline __m256i dot_chunks(const __m256i* w, const int8_t* x, __m256i by =
         acc = _mm256_add_epi32(acc, _mm256_madd_epi16(sum16, by));
     }
     return acc;
+#endif
 }
 
 // The same Σ u·x for one activation row with each chunk unpacked next to its product rather than
@@ -371,6 +374,17 @@ static inline void half_factors_by_shuffle(const uint8_t* gs, __m256i* by, __m25
     *bm = _mm256_shuffle_epi8(_mm256_permute4x64_epi64(mn, 0xd8), both);
 }
 
+// VNNI's factors of the per-16 types' dots (dot_chunks): each half's scale as an int32 in lane r,
+// Q2_K's the low nibble of its byte.
+template <int TYPE>
+static inline void half_scales32(const uint8_t* gs, __m256i* sc) {
+    for (int h = 0; h < 2; h++) {
+        const __m128i b = _mm_loadl_epi64((const __m128i*)(gs + 8 * h));
+        sc[h] = TYPE == NQ_Q2_K ? _mm256_and_si256(_mm256_cvtepu8_epi32(b), _mm256_set1_epi32(0xf))
+                                : _mm256_cvtepi8_epi32(b);
+    }
+}
+
 template <int TYPE, int R>
 static inline void half_factors(const uint8_t* gs, __m256i* by, __m256i* bm) {
     if constexpr (R >= 8) half_factors_by_lane<TYPE>(gs, by, bm);
@@ -402,9 +416,10 @@ static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const flo
     // second pass over the tile's scales for more, whose registers are taken. The same sums in the
     // same order either way: a row's result does not depend on the row count (tested)
     constexpr bool k_mins = (TYPE == NQ_Q4_K || TYPE == NQ_Q5_K) && !NQ_VNNI, mins_inline = R <= 2;
-    // one row: Q3_K, Q5_K, Q6_K unpack each chunk as its product needs it (dot_unpacked); Q2_K and
-    // Q4_K, whose chunks are a shift and an and away, lost 2-3% so
-    constexpr bool unpack_as_used = R == 1 && (TYPE == NQ_Q3_K || TYPE == NQ_Q6_K || (TYPE == NQ_Q5_K && !NQ_VNNI));
+    // one row, AVX2: Q3_K, Q5_K, Q6_K unpack each chunk as its product needs it (dot_unpacked); Q2_K
+    // and Q4_K, whose chunks are a shift and an and away, lost 2-3% so. VNNI (32 registers, vpdpbusd
+    // for every type) unpacks all 8 first
+    constexpr bool unpack_as_used = R == 1 && !NQ_VNNI && (TYPE == NQ_Q3_K || TYPE == NQ_Q6_K || TYPE == NQ_Q5_K);
     __m256 acc[R], mins[R];
     for (int r = 0; r < R; r++) acc[r] = mins[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < units; b++) {
@@ -431,6 +446,7 @@ static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const flo
                 // as their offset k shares dw's factor: Σ sc_h·(dot_h - k·s_h) = Σ sc_h·Σ (u - k)·x)
                 __m256i by[2], bm;
                 half_factors<TYPE, R>(gs, by, &bm);
+                if constexpr (NQ_VNNI) half_scales32<TYPE>(gs, by);  // vpmulld's factors, not vpmaddwd's
                 for (int r = 0; r < R; r++) {
                     const int8_t* x = q + r * K + 32 * g;
                     const __m256 da = _mm256_set1_ps(d[r * G + g]);
