@@ -220,7 +220,7 @@ static inline void group_chunks(const uint8_t* p, __m256i* w) {
 #if NQ_VNNI
 // acc + the dots of w's 8 lanes with the 4 bytes at x in every lane: one vpdpbusd whose memory operand
 // is broadcast ({1to8}, AVX-512VL), where the intrinsics compiled to a vpbroadcastd and a vpdpbusd.
-// A group's 8 loads folded so ran every type 1.03-1.25x faster at 1, 4 and 16 rows in L2 (Zen 4,
+// A group's 8 loads folded so ran every type 1.02-1.25x faster at 1, 4 and 16 rows in L2 (Zen 4,
 // bench/kernels_ab.py; Q6_K 1.05/1.13/1.16x, Q4_K 1.14/1.03/1.14x, Q4_0 1.14/1.19/1.25x): the step
 // was bound by its instruction count, not by the multiply pipes. The same integers, the same bits.
 static inline __m256i dpbusd_b(__m256i acc, __m256i w, const int8_t* x) {
@@ -239,7 +239,7 @@ static inline __m256i bcast4(const int8_t* x) {
 // (AVX2) times `by`, each 32-bit lane's int16 factor twice (vpmaddwd's; ones: 1): the per-16 types'
 // scale of the half, or Q4_K's and Q5_K's sc_j. VNNI: by vpdpbusd, and for the per-16 types (one
 // half a call) times `by` as one int32 per lane (vpmulld; half_scales32), the same integers: the
-// vpmaddubsw path they took before ran 1.05-1.12x slower (Q6_K, Q3_K, Q2_K at 1, 8 and 16 rows in
+// vpmaddubsw path they took before ran 1.03-1.14x slower (Q6_K, Q3_K, Q2_K at 1, 8 and 16 rows in
 // L2, Zen 4; their dots scaled as floats had been as fast at one row and 15-22% slower at eight).
 template <int TYPE, int C0, int C1>
 static inline __m256i dot_chunks(const __m256i* w, const int8_t* x, __m256i by = _mm256_set1_epi16(1)) {
@@ -397,10 +397,12 @@ static inline void half_scales32(const uint8_t* gs, __m256i* sc) {
     }
 }
 
+// by: vpmaddwd's factors (AVX2) or vpmulld's (VNNI, whose dots take no int16 pairs); bm: as above.
 template <int TYPE, int R>
 static inline void half_factors(const uint8_t* gs, __m256i* by, __m256i* bm) {
     if constexpr (R >= 8) half_factors_by_lane<TYPE>(gs, by, bm);
     else half_factors_by_shuffle<TYPE>(gs, by, bm);
+    if constexpr (NQ_VNNI) half_scales32<TYPE>(gs, by);
 }
 
 // Q4_K's and Q5_K's sc_j as vpmaddwd's factors, sc_j twice in lane r (row r): the dots come out as
@@ -458,7 +460,6 @@ static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const flo
                 // as their offset k shares dw's factor: Σ sc_h·(dot_h - k·s_h) = Σ sc_h·Σ (u - k)·x)
                 __m256i by[2], bm;
                 half_factors<TYPE, R>(gs, by, &bm);
-                if constexpr (NQ_VNNI) half_scales32<TYPE>(gs, by);  // vpmulld's factors, not vpmaddwd's
                 for (int r = 0; r < R; r++) {
                     const int8_t* x = q + r * K + 32 * g;
                     const __m256 da = _mm256_set1_ps(d[r * G + g]);
