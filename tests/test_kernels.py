@@ -197,6 +197,26 @@ def test_linear_mixes_types_adds_bias_and_gates(isa):
     assert (y.double() - quantized(gated) @ w.T).abs().max() <= 1e-5 * scale
 
 
+@pytest.mark.parametrize("m", [1, 3])
+def test_threads_share_a_matmul_out_without_changing_a_bit(m):
+    """Two threads take a long matmul's tiles in runs that shrink near its end (guided), across the
+    parts' boundary: every output is the one thread's bit for bit, none left out or done twice."""
+    k, parts = 8960, [("Q4_K", 997), ("Q6_K", 539)]  # a 1.5B down_proj's width, runs of up to 32 tiles
+    packed = [kernels.repack(kind, torch.from_numpy(random_blocks(kind, rows, k, seed=i)), k)
+              for i, (kind, rows) in enumerate(parts)]
+    tiles, types, rows = [p.tiles for p in packed], [p.type_id for p in packed], [p.rows for p in packed]
+    x, threads, isa = torch.randn(m, k), torch.get_num_threads(), kernels.best_isa()
+    try:
+        torch.set_num_threads(1)
+        alone = kernels.linear(x, tiles, types, rows, None, isa)
+        torch.set_num_threads(2)
+        shared = [kernels.linear(x, tiles, types, rows, None, isa) for _ in range(3)]
+    finally:
+        torch.set_num_threads(threads)
+    assert alone.shape == (m, 1536) and alone.abs().min() > 0
+    assert all(torch.equal(y, alone) for y in shared)
+
+
 @pytest.mark.parametrize("kind", list(kernels.BLOCKS))
 def test_select_keeps_the_same_blocks(kind):
     k, elems = 512, kernels.BLOCKS[kind][1]
