@@ -14,7 +14,7 @@ from nexttok.checkpoints.bundled import DEFAULT_MODEL, bundled_model_file
 from nexttok.checkpoints.loading import load_model
 from nexttok.models import kernels
 from nexttok.models.cache import KVCache
-from nexttok.models.fused_decode import FusedDecode, fuse_decode
+from nexttok.models.fused_decode import FusedDecode, _linear, fuse_decode
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="the block kernels are not built here")
 
@@ -70,6 +70,8 @@ def test_each_family_it_takes_gives_the_eager_logits(written_gguf, name, fused_l
     _, path = written_gguf(name, kind)
     model = load_model(path)
     assert model.fused is not None and sum(op is not None for op in model.fused.layers) == fused_layers
+    lean = name != "smollm3_every4"  # every layer planned: the step whole, its ends (table and head) with it
+    assert model.fused.lean == lean and (model.fused.table is not None) == (model.fused.head is not None) == lean
     prompt = torch.randint(0, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(2))
     assert_same_logits(model, prompt, steps=8)
     assert_same_logits(model, prompt[:1], steps=8, windowed=True)
@@ -100,18 +102,33 @@ def cached_steps(model, prompt: torch.Tensor, steps: int) -> tuple[list[torch.Te
 
 
 @pytest.mark.parametrize("rows", [1, 2])
-def test_a_plain_step_in_one_call_is_the_general_fused_steps_bit_for_bit(default_model, monkeypatch, rows):
+@pytest.mark.parametrize("ends", ["table and head", "head", "neither"])
+def test_a_plain_step_in_one_call_is_the_general_fused_steps_bit_for_bit(default_model, monkeypatch, rows, ends):
     """FusedDecode.step, the lean path (no positions, masks or RoPE lookups made around the one
-    call), gives the general fused path's logits bit for bit and leaves the cache as it leaves it:
-    the same keys, positions, offset and contiguity."""
-    assert default_model.fused.lean
+    call; with its head, the final norm and lm_head in that call too, and with its table the
+    token rows, RoPE rows and key slots made there), gives the general fused path's logits bit for
+    bit and leaves the cache as it leaves it: the same keys, positions, offset and contiguity."""
+    assert default_model.fused.lean and None not in (default_model.fused.head, default_model.fused.table)
+    if ends != "table and head":
+        monkeypatch.setattr(default_model.fused, "table", None)
+    head = ends != "neither"
+    if not head:
+        monkeypatch.setattr(default_model.fused, "head", None)
     prompt = torch.randint(0, default_model.config.vocab_size, (rows, 9), generator=torch.Generator().manual_seed(2))
     taken = []
     step = FusedDecode.step
-    monkeypatch.setattr(FusedDecode, "step", lambda *a: taken.append(step(*a)) or taken[-1])
+
+    def record(*args, **kwargs):
+        taken.append((kwargs.get("logits", False), step(*args, **kwargs)))
+        return taken[-1][1]
+
+    monkeypatch.setattr(FusedDecode, "step", record)
     lean, lean_cache = cached_steps(default_model, prompt, 6)
-    assert [x is not None for x in taken] == [False] + [True] * 6  # the prefill declined, each step taken
-    monkeypatch.setattr(FusedDecode, "step", lambda *a: None)
+    # the prefill declined (its logits, then its stream); each step in one call: its logits, or
+    # without a head its stream (the logits declined first)
+    each = [(True, True)] if head else [(True, False), (False, True)]
+    assert [(logits, x is not None) for logits, x in taken] == [(True, False), (False, False)] + each * 6
+    monkeypatch.setattr(FusedDecode, "step", lambda *a, **k: None)
     general, general_cache = cached_steps(default_model, prompt, 6)
     assert all(torch.equal(a, b) for a, b in zip(lean, general, strict=True))
     assert (lean_cache.offset, lean_cache.contiguous) == (general_cache.offset, general_cache.contiguous)
@@ -168,6 +185,21 @@ def test_a_bad_call_is_one_line_naming_what_is_wrong(default_model):
         layers([op, op], x, angle, angle, [k[None]] * 2, [k[None].clone()] * 2, [0, 0], one, one, torch.tensor([4]))
     assert torch.equal(layers([op], x, angle, angle, [k[None]], [k[None].clone()], [0], one, one, one),
                        op.forward(x, angle, angle, k, k.clone(), one, one, one))
+    head = default_model.fused.head
+    with pytest.raises(RuntimeError, match=r"decode_logits: x must be a contiguous float32 \(B, 576\) tensor"):
+        head.forward(torch.zeros(2, 5))
+    with pytest.raises(RuntimeError, match="decode_layer: the final norm must be 576 float32 values"):
+        kernels.load().DecodeHead(torch.ones(5), 1e-5, _linear(default_model.lm_head), kernels.best_isa())
+    tokens, fused = kernels.load().decode_tokens, default_model.fused
+    stores = [k[None]] * 30, [k[None].clone()] * 30, [0] * 30
+    tables = default_model.rope_cos, default_model.rope_sin
+    with pytest.raises(RuntimeError, match=r"dequantize: row 49152 is not in 0..49151"):
+        tokens(fused.layers, fused.table, fused.head, torch.tensor([49152]), *tables, 0, *stores)
+    with pytest.raises(RuntimeError, match="decode_tokens: position 8192 is outside the RoPE tables"):
+        tokens(fused.layers, fused.table, fused.head, one, *tables, 8192, *stores)
+    with pytest.raises(RuntimeError, match=r"decode_tokens: ids must be one int64 token per row \(B,\)"):
+        tokens(fused.layers, fused.table, fused.head, one.int(), *tables, 0, *stores)
+    assert tokens(fused.layers, fused.table, fused.head, one, *tables, 0, *stores).shape == (1, 1, 49152)
 
 
 def slot_logits(model, prompts: list[list[int]], steps: int, fused: bool, pad_to: int) -> list[torch.Tensor]:

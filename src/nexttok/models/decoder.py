@@ -65,6 +65,10 @@ class Decoder(nn.Module):
         """ids (B, T) -> logits (B, T, vocab). positions (B, T), -1 = padding; default: next ones.
         last_only: logits of the last position only (B, 1, vocab), all a generation step needs.
         capture: records what a viewer asks for (attention weights) on the way."""
+        if last_only and self.fused is not None and positions is None and capture is None and self.compiled is None:
+            logits = self.fused.step(self, ids, cache, logits=True)  # a plain decode step's logits in one call
+            if logits is not None:
+                return logits
         x = self.stream(ids, cache, positions, capture)
         if last_only:
             x = x[:, -1:]

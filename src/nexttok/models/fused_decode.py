@@ -23,7 +23,7 @@ from torch import nn
 
 from nexttok.models import kernels, llama
 from nexttok.models.attention import ALL, Ragged
-from nexttok.models.block_quant import BlockLinear
+from nexttok.models.block_quant import BlockEmbedding, BlockLinear
 from nexttok.models.cache import KVCache
 from nexttok.models.slot_cache import BatchView
 
@@ -68,23 +68,36 @@ class FusedDecode:
         self.layers = layers
         self.windows: list[int | None] = []
         self.lean = False  # fuse_decode: whether step may take a model's plain decode step whole
+        self.head = None  # fuse_decode: the final norm and lm_head (kernels' DecodeHead), where plain
+        self.table = None  # and the token table (kernels' DecodeTable), where a float32 BlockEmbedding
 
-    def step(self, model: nn.Module, ids: torch.Tensor, cache) -> torch.Tensor | None:
+    def step(self, model: nn.Module, ids: torch.Tensor, cache, logits: bool = False) -> torch.Tensor | None:
         """The residual stream (B, 1, hidden) of a decode step that needs none of Decoder.stream's
         general steps, or None. When every layer is planned, none has a window and the model embeds
         and rotates as Llama does (self.lean), one new token per row into a KVCache whose rows all
         hold positions 0..offset-1 has the offset for its position, ALL for every mask, one row of
         the RoPE tables for cos and sin: the step is then one decode_layers call with no positions,
         masks or table lookups made around it (~0.3 ms of Python a token, a twentieth of the
-        default model's step). The cache is left as stream leaves it, the logits are the same."""
+        default model's step). The cache is left as stream leaves it, the logits are the same.
+        logits: the step's logits (B, 1, vocab) instead, through self.head in the same call (None
+        where there is none): the final norm and lm_head's Python took ~0.3 ms of a 1.5B model's
+        step, on caches the weights' stream had emptied."""
         if not (self.lean and type(cache) is KVCache and self.takes(ids, cache, None) and cache.contiguous
-                and not cache.windows and cache.offset < model.config.max_position_embeddings):
+                and not cache.windows and cache.offset < model.config.max_position_embeddings
+                and (self.head is not None or not logits)):
             return None
         b, offset = ids.shape[0], cache.offset
         cache.append_positions(torch.full((b, 1), offset, dtype=torch.long), contiguous=True)
+        if logits and self.table is not None and ids.dtype == torch.long:  # the inputs made in C++ too
+            return kernels.load().decode_tokens(self.layers, self.table, self.head, ids.reshape(b), model.rope_cos,
+                                                model.rope_sin, offset, *_stores(cache, 0, len(self.layers)))
         h = model.embed(ids).reshape(b, -1).contiguous()
         cos, sin = (t[offset:offset + 1].expand(b, -1).contiguous() for t in (model.rope_cos, model.rope_sin))
         store, slot, ends = _rows(cache)
+        if logits:
+            stores = _stores(store, 0, len(self.layers))
+            return kernels.load().decode_logits(self.layers, self.head, h, cos, sin, *stores, slot, _starts(ALL, b),
+                                                ends).view(b, 1, -1)
         return self._fused(0, len(self.layers), h, cos, sin, store, slot, _starts(ALL, b), ends).view(b, 1, -1)
 
     @staticmethod
@@ -113,10 +126,8 @@ class FusedDecode:
     def _fused(self, lo: int, hi: int, h: torch.Tensor, cos, sin, store: KVCache, slot, first, ends) -> torch.Tensor:
         """h (B, hidden) through the planned layers lo..hi-1 in one C++ call (kernels' decode_layers),
         each reading its keys at its (group, row) of the store's buffers."""
-        where = store.slots_of[lo:hi]
-        ks, vs = [store.groups[g][0] for g, _ in where], [store.groups[g][1] for g, _ in where]
-        return kernels.load().decode_layers(self.layers[lo:hi], h, cos, sin, ks, vs, [r for _, r in where], slot,
-                                            first, ends)
+        return kernels.load().decode_layers(self.layers[lo:hi], h, cos, sin, *_stores(store, lo, hi), slot, first,
+                                            ends)
 
     def _runs(self, cache, store: KVCache, starts: dict) -> list[list]:
         """[first layer, end, first keys or None (eager)] of each run of layers that go alike: planned
@@ -129,6 +140,33 @@ class FusedDecode:
             else:
                 runs.append([i, i + 1, first])
         return runs
+
+
+def _stores(store: KVCache, lo: int, hi: int) -> tuple[list, list, list[int]]:
+    """The key and value buffers of layers lo..hi-1 and each layer's row in them."""
+    where = store.slots_of[lo:hi]
+    return [store.groups[g][0] for g, _ in where], [store.groups[g][1] for g, _ in where], [r for _, r in where]
+
+
+def head_plan(model: nn.Module, isa: int):
+    """A DecodeHead for a model whose head is exactly llama.py's (the final RMSNorm in float32, a
+    BlockLinear lm_head, logits not scaled), or None."""
+    norm, lm_head = getattr(model, "norm", None), getattr(model, "lm_head", None)
+    if not (_same(model, llama.Llama, "forward", "head", "final_norm") and model.config.logits_scaling == 1.0
+            and _same(norm, llama.RMSNorm, "forward") and norm.weight.dtype == torch.float32
+            and type(lm_head) is BlockLinear):
+        return None
+    return kernels.load().DecodeHead(norm.weight.detach(), norm.eps, _linear(lm_head), isa)
+
+
+def table_plan(model: nn.Module):
+    """A DecodeTable of the model's token table, a float32 BlockEmbedding whose rows are the inputs
+    as they are (embedding_multiplier 1), or None."""
+    embed = getattr(model, "embed_tokens", None)
+    if type(embed) is not BlockEmbedding or embed.dtype != torch.float32 or model.config.embedding_multiplier != 1.0:
+        return None
+    table = embed.table
+    return kernels.load().DecodeTable(table.tiles, table.type_id, table.rows, table.k)
 
 
 def _windowed(cache, store: KVCache, layer: int) -> bool:
@@ -174,5 +212,7 @@ def fuse_decode(model: nn.Module) -> nn.Module:
         fused.windows = [model.window_of(block) for block in model.blocks]
         fused.lean = (None not in layers and set(fused.windows) == {None} and not model.config.recurrent_layers
                       and _same(model, llama.Llama, "stream", "inputs", "rotations", "rope", "embed", "side_inputs"))
+        fused.head = head_plan(model, isa) if fused.lean else None
+        fused.table = table_plan(model) if fused.head is not None else None
         model.fused = fused
     return model
