@@ -45,3 +45,13 @@ def test_unsupported_shape_says_why():
     assert "tokenizer" in scale.UNSUPPORTED["llama-3.2-3b"]
     names = [name for name, _ in scale.tensor_shapes(scale.SHAPES["qwen2.5-1.5b"])]
     assert "output.weight" not in names and "blk.27.attn_q.bias" in names  # tied, q/k/v biases
+
+
+def test_rounds_split_by_the_memorys_state():
+    """Rounds whose bandwidth took two levels are reported per level; one level is said as such."""
+    by_state = scale_module().by_state
+    report = by_state([33.6, 65.3, 36.5, 60.0, 34.0], [86, 64, 88, 70, 85], [1.0, 1.31, 0.95, 1.2, 1.07])
+    assert report.splitlines()[1:] == [
+        "  memory >= 49 GB/s: 2 rounds, roofline 67% (64-70%), greedy decode 1.25x (1.20-1.31) llama-bench",
+        "  memory < 49 GB/s: 3 rounds, roofline 86% (85-88%), greedy decode 1.00x (0.95-1.07) llama-bench"]
+    assert by_state([33.6, 36.5], [86, 88], [1.0, 1.1]) == "the memory held one state over the rounds"
