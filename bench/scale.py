@@ -208,7 +208,7 @@ def _one(kind: str, path: Path, binary: Path, args) -> str:
     print(f"roofline: nexttok's decode reads {held / 1e9:.3f} GB a token; the memory read {statistics.median(read):.1f}"
           f" GB/s ({min(read):.1f}-{max(read):.1f}) over the rounds; decode = {statistics.median(shares):.0f}% "
           f"({min(shares):.0f}-{max(shares):.0f}%) of what each round's bandwidth allows", flush=True)
-    print(by_state(read, shares, measured["decode_tps"].ratios()) + "\n", flush=True)
+    print(by_state(read, shares, measured["decode_tps"].ratios) + "\n", flush=True)
     return (f"{kind:<10}{path.stat().st_size / 1e9:>6.2f}{measured['decode_tps'].ratio():>22}"
             f"{measured['sampled_tps'].ratio():>22}{measured['prefill_tps'].ratio():>22}"
             f"{statistics.median(shares):>9.0f}%")

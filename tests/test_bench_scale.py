@@ -55,3 +55,28 @@ def test_rounds_split_by_the_memorys_state():
         "  memory >= 49 GB/s: 2 rounds, roofline 67% (64-70%), greedy decode 1.25x (1.20-1.31) llama-bench",
         "  memory < 49 GB/s: 3 rounds, roofline 86% (85-88%), greedy decode 1.00x (0.95-1.07) llama-bench"]
     assert by_state([33.6, 36.5], [86, 88], [1.0, 1.1]) == "the memory held one state over the rounds"
+
+
+def test_a_files_report_has_its_states(tmp_path, monkeypatch, capsys):
+    """_one, given each round's rates and bandwidths (no engines run), prints the roofline per state
+    and returns the summary row."""
+    from types import SimpleNamespace
+
+    from nexttok import bench_native
+
+    def measure(path, binary, *, memory, **kw):
+        memory.extend([(35.0, 10**9), (60.0, 10**9), (34.0, 10**9)])
+        return {key: bench_native.Rounds(ours, [30.0, 30.0, 30.0])
+                for key, ours in (("decode_tps", [30.0, 42.0, 29.0]), ("sampled_tps", [29.0, 40.0, 28.0]),
+                                  ("prefill_tps", [150.0, 150.0, 150.0]))}
+
+    monkeypatch.setattr(bench_native, "measure", measure)
+    monkeypatch.setattr(bench_native, "table", lambda *a, **k: "")
+    path = tmp_path / "x.gguf"
+    path.write_bytes(b"0" * 1000)
+    row = scale_module()._one("Q4_K_M", path, tmp_path, SimpleNamespace(threads=2, prompt_tokens=512, new_tokens=128,
+                                                                         rounds=3))
+    out = capsys.readouterr().out
+    assert "memory >= 47 GB/s: 1 rounds, roofline 70% (70-70%), greedy decode 1.40x (1.40-1.40)" in out
+    assert "memory < 47 GB/s: 2 rounds, roofline 86% (85-86%), greedy decode 0.98x (0.97-1.00)" in out
+    assert row.startswith("Q4_K_M") and row.endswith("85%")
