@@ -197,39 +197,44 @@ def _one(kind: str, path: Path, binary: Path, args) -> str:
     after nexttok's decode)."""
     from nexttok.bench_native import measure, table
 
-    memory: list[tuple[float, int]] = []
+    memory: list[tuple[float, int, bool]] = []
     measured = measure(str(path), binary, threads=args.threads, prompt=args.prompt_tokens, new=args.new_tokens,
                        rounds=args.rounds, memory=memory)
     print(table(measured, f"nexttok vs llama-bench on {path}, {args.threads} threads, {args.rounds} rounds "
                 "alternating which runs first; medians (range)", args.prompt_tokens, args.new_tokens))
-    read = [gbs for gbs, _ in memory]
+    read, steady = [gbs for gbs, _, _ in memory], [agreed for _, _, agreed in memory]
     held = memory[0][1]
     shares = [100 * tps * held / (gbs * 1e9) for tps, gbs in zip(measured["decode_tps"].ours, read, strict=True)]
     print(f"roofline: nexttok's decode reads {held / 1e9:.3f} GB a token; the memory read {statistics.median(read):.1f}"
           f" GB/s ({min(read):.1f}-{max(read):.1f}) over the rounds; decode = {statistics.median(shares):.0f}% "
           f"({min(shares):.0f}-{max(shares):.0f}%) of what each round's bandwidth allows", flush=True)
-    print(by_state(read, shares, measured["decode_tps"].ratios) + "\n", flush=True)
+    print(by_state(read, shares, measured["decode_tps"].ratios, steady) + "\n", flush=True)
     return (f"{kind:<10}{path.stat().st_size / 1e9:>6.2f}{measured['decode_tps'].ratio():>22}"
             f"{measured['sampled_tps'].ratio():>22}{measured['prefill_tps'].ratio():>22}"
             f"{statistics.median(shares):>9.0f}%")
 
 
-def by_state(read: list[float], shares: list[float], ratios: list[float]) -> str:
+def by_state(read: list[float], shares: list[float], ratios: list[float], steady: list[bool]) -> str:
     """The rounds split by the memory's state where its bandwidth took two levels (the larger at least
     1.4x the smaller: a Zen 4 VM's ~35 and ~60 GB/s): each state's roofline % and greedy decode ratio,
-    medians (ranges). In the slower state both engines are bound by the memory, so their ratio
-    nears 1; in the faster one llama.cpp's decode is bound by its arithmetic."""
+    medians (ranges), over the rounds whose bandwidth before and after nexttok's decode agreed
+    (steady); a round that straddled a flip is left out, as its decode may have run in either state.
+    In the slower state both engines are bound by the memory, so their ratio nears 1; in the faster
+    one llama.cpp's decode is bound by its arithmetic."""
     if max(read) < 1.4 * min(read):
         return "the memory held one state over the rounds"
     cut = (max(read) + min(read)) / 2
-    lines = []
+    lines = [f"by the memory's state ({steady.count(False)} of {len(read)} rounds straddled a flip, left out):"]
     for name, fast in ((f"memory >= {cut:.0f} GB/s", True), (f"memory < {cut:.0f} GB/s", False)):
-        mine = [i for i, gbs in enumerate(read) if (gbs >= cut) == fast]
+        mine = [i for i, gbs in enumerate(read) if (gbs >= cut) == fast and steady[i]]
+        if not mine:
+            lines.append(f"  {name}: no steady round")
+            continue
         share, ratio = [shares[i] for i in mine], [ratios[i] for i in mine]
         lines.append(f"  {name}: {len(mine)} rounds, roofline {statistics.median(share):.0f}% ({min(share):.0f}-"
                      f"{max(share):.0f}%), greedy decode {statistics.median(ratio):.2f}x ({min(ratio):.2f}-"
                      f"{max(ratio):.2f}) llama-bench")
-    return "by the memory's state:\n" + "\n".join(lines)
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -50,11 +50,15 @@ def test_unsupported_shape_says_why():
 def test_rounds_split_by_the_memorys_state():
     """Rounds whose bandwidth took two levels are reported per level; one level is said as such."""
     by_state = scale_module().by_state
-    report = by_state([33.6, 65.3, 36.5, 60.0, 34.0], [86, 64, 88, 70, 85], [1.0, 1.31, 0.95, 1.2, 1.07])
-    assert report.splitlines()[1:] == [
+    report = by_state([33.6, 65.3, 36.5, 60.0, 34.0, 61.0], [86, 64, 88, 70, 85, 40], [1.0, 1.31, 0.95, 1.2, 1.07, 0.9],
+                      [True, True, True, True, True, False])
+    assert report.splitlines() == [
+        "by the memory's state (1 of 6 rounds straddled a flip, left out):",
         "  memory >= 49 GB/s: 2 rounds, roofline 67% (64-70%), greedy decode 1.25x (1.20-1.31) llama-bench",
         "  memory < 49 GB/s: 3 rounds, roofline 86% (85-88%), greedy decode 1.00x (0.95-1.07) llama-bench"]
-    assert by_state([33.6, 36.5], [86, 88], [1.0, 1.1]) == "the memory held one state over the rounds"
+    assert by_state([33.6, 60.0], [86, 50], [1.0, 1.1], [True, False]).splitlines()[1] == \
+        "  memory >= 47 GB/s: no steady round"
+    assert by_state([33.6, 36.5], [86, 88], [1.0, 1.1], [True, True]) == "the memory held one state over the rounds"
 
 
 def test_a_files_report_has_its_states(tmp_path, monkeypatch, capsys):
@@ -65,7 +69,7 @@ def test_a_files_report_has_its_states(tmp_path, monkeypatch, capsys):
     from nexttok import bench_native
 
     def measure(path, binary, *, memory, **kw):
-        memory.extend([(35.0, 10**9), (60.0, 10**9), (34.0, 10**9)])
+        memory.extend([(35.0, 10**9, True), (60.0, 10**9, True), (34.0, 10**9, True)])
         return {key: bench_native.Rounds(ours, [30.0, 30.0, 30.0])
                 for key, ours in (("decode_tps", [30.0, 42.0, 29.0]), ("sampled_tps", [29.0, 40.0, 28.0]),
                                   ("prefill_tps", [150.0, 150.0, 150.0]))}

@@ -108,15 +108,18 @@ def _worker(source: str, threads: int, prompt: int, new: int, conn, bandwidth: b
         before = measure_read_bandwidth() if bandwidth else 0.0
         got = {"prefill_tps": prefill_tps, "decode_tps": decode(new, SamplingParams(temperature=0))}
         if bandwidth:
-            got["read_gbs"], got["weight_bytes"] = max(before, measure_read_bandwidth()), weight_bytes(model)
+            after = measure_read_bandwidth()
+            got["read_gbs"], got["weight_bytes"] = max(before, after), weight_bytes(model)
+            got["read_steady"] = max(before, after) < 1.2 * min(before, after)  # no flip around the decode seen
         conn.send({**got, "sampled_tps": decode(new, SamplingParams(**LLAMA_CPP_SAMPLING, seed=seed))})
 
 
 def measure(model: str, binary: Path, *, threads: int = 2, prompt: int = 512, new: int = 128,
             rounds: int = 5, memory: list[tuple[float, int]] | None = None) -> dict[str, Rounds]:
     """nexttok and llama-bench on `model` (a .gguf), `rounds` alternating rounds: metric -> Rounds.
-    A list given as memory gets, each round, (the read bandwidth in GB/s measured after nexttok's
-    decode, the bytes a decode step reads): the roofline of that round."""
+    A list given as memory gets, each round, (the read bandwidth in GB/s measured around nexttok's
+    decode, the bytes a decode step reads, whether the bandwidths before and after it agreed within
+    20%): the roofline of that round."""
     if not model.endswith(".gguf"):
         raise ValueError(f"llama-bench runs a .gguf file; {model} is not one")
     context = multiprocessing.get_context("spawn")
@@ -136,7 +139,7 @@ def measure(model: str, binary: Path, *, threads: int = 2, prompt: int = 512, ne
                     parent.send("round")
                     got = parent.recv()
                     if memory is not None:
-                        memory.append((got["read_gbs"], got["weight_bytes"]))
+                        memory.append((got["read_gbs"], got["weight_bytes"], got["read_steady"]))
                 else:
                     tg_pp = llama_bench(binary, model, threads, prompt, new)
                     got = {**tg_pp, "sampled_tps": tg_pp["decode_tps"]}
