@@ -197,7 +197,7 @@ def test_linear_mixes_types_adds_bias_and_gates(isa):
     assert (y.double() - quantized(gated) @ w.T).abs().max() <= 1e-5 * scale
 
 
-@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("m", [1, 3, 17])  # 17: VNNI's two tiles at a time, cut where a run ends
 def test_threads_share_a_matmul_out_without_changing_a_bit(m):
     """Two threads take a long matmul's tiles in runs that shrink near its end (guided), across the
     parts' boundary: every output is the one thread's bit for bit, none left out or done twice."""

@@ -153,6 +153,12 @@ int64_t check_parts(at::TensorList weights, at::IntArrayRef types, at::IntArrayR
     return N;
 }
 
+// A block kernel's status (qkern.h's gemm): 0, or why it did nothing, as a one-line error.
+void check_gemm(int status, int64_t M, int64_t K) {
+    TORCH_CHECK(status != -1, "nexttok_q: out of memory for the sums of ", M, " activation rows of ", K, " values");
+    TORCH_CHECK(status == 0, "nexttok_q: a weight type the block kernels do not know");
+}
+
 // A run's weights at most. Each run starts a new stream from memory, which the prefetchers take a
 // while to follow: runs of 256 KiB decoded the 1.5B-shaped Q4_K_M file 4-5% slower than 1 MiB (Zen 4,
 // alternating rounds), and guided runs down to 32 KiB 9% slower.
@@ -173,8 +179,8 @@ void gemm_parts(const int8_t* qp, const float* dp, const int16_t* sp, const floa
         for (size_t i = 0; i < weights.size(); i++) {
             const int64_t lo = std::max(t0, tile0[i]), hi = std::min(t1, tile0[i + 1]);
             if (lo >= hi) continue;
-            fn((int)types[i], weights[i].data_ptr<uint8_t>(), lo - tile0[i], hi - tile0[i], rows[i], K, qp, dp, sp,
-               dsp, M, op + row0[i], N);
+            check_gemm(fn((int)types[i], weights[i].data_ptr<uint8_t>(), lo - tile0[i], hi - tile0[i], rows[i], K, qp,
+                          dp, sp, dsp, M, op + row0[i], N), M, K);
         }
     };
     // The tiles in runs of at most `chunk` (CHUNK_BYTES, or 32 tile rows of activations), each
@@ -340,8 +346,8 @@ void expert_gemm(const QRows& x, const Grouped& g, at::TensorList weights, at::I
             if (lo >= hi) continue;
             const int64_t a = g.start[seg.e], count = g.start[seg.e + 1] - a;
             const uint8_t* w = weights[seg.p].data_ptr<uint8_t>() + seg.e * tiles * tile_bytes(types[seg.p], K);
-            fn((int)types[seg.p], w, lo - seg.first, hi - seg.first, rows[seg.p], K, &x.q[a * K], &x.d[a * G],
-               &x.s[a * 2 * G], &x.ds[a * G], count, out + a * N + col0[seg.p], N);
+            check_gemm(fn((int)types[seg.p], w, lo - seg.first, hi - seg.first, rows[seg.p], K, &x.q[a * K],
+                          &x.d[a * G], &x.s[a * 2 * G], &x.ds[a * G], count, out + a * N + col0[seg.p], N), count, K);
         }
     });
 }

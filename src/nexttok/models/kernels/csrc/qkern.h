@@ -22,6 +22,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
+#include <stdlib.h>
 #if NQ_AVX2
 #include <immintrin.h>
 #endif
@@ -75,6 +76,13 @@ static inline constexpr int weight_max(int type) {
     return type == NQ_Q8_0 ? 128 : type == NQ_MXFP4 ? 12 : nq_codebook(type) ? 127
          : (1 << (nq_low_bits(type) + nq_high_bits(type))) - 1;
 }
+
+// VNNI's Q3_K and Q6_K: their dots' chains start from -k·s of each half (dot_from), which gemm_type
+// works out once a call for all its rows (chain_starts), and their sums take the weights' d once a
+// unit, as AVX2's Q4_K and Q5_K do (one vmulps a row and group fewer). One row: 1.10x (Q6_K, Q3_K in L2,
+// Zen 4, bench/kernels_ab.py); 3 rows 1.07-1.10x.
+template <int TYPE>
+static inline constexpr bool offset_chains() { return NQ_VNNI && (TYPE == NQ_Q3_K || TYPE == NQ_Q6_K); }
 
 // ---- scalar access to a unit (8 rows of one file block, repacked) ----
 
@@ -226,6 +234,21 @@ static inline void group_chunks(const uint8_t* p, __m256i* w) {
 static inline __m256i dpbusd_b(__m256i acc, __m256i w, const int8_t* x) {
     __asm__("vpdpbusd %2%{1to8%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t*)x));
     return acc;
+}
+#endif
+
+#if NQ_VNNI
+// VNNI, Q3_K and Q6_K: Σ (u - k)·x of one half times its scale, the chain of vpdpbusd started from
+// -k·Σx (from): the offset costs no multiply (vpmaddwd) and no subtraction a row, where the FP0/FP1
+// pipes that vpdpbusd, vpmulld, vmulps and vfmadd share bound the multi-row steps (Zen 4).
+template <int C0, int C1>
+static inline __m256i dot_from(const __m256i* w, const int8_t* x, const int32_t* from, __m256i by) {
+    __m256i even = _mm256_set1_epi32(*from), odd = _mm256_setzero_si256();
+    for (int c = C0; c < C1; c++) {
+        if ((c - C0) & 1) odd = dpbusd_b(odd, w[c], x + 4 * c);
+        else even = dpbusd_b(even, w[c], x + 4 * c);
+    }
+    return _mm256_mullo_epi32(_mm256_add_epi32(even, odd), by);
 }
 #endif
 
@@ -422,7 +445,7 @@ static inline __m256 k_dmin_mn(const uint8_t* gs, __m256 second) {
 // out[r·ldo + 0..7] for the 8 rows of one tile and R activation rows.
 template <int TYPE, int R>
 static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const float* d, const int16_t* s,
-                      const float* ds, float* out, int64_t ldo, int valid) {
+                      const float* ds, const int32_t* ks, float* out, int64_t ldo, int valid) {
     const int gpu = nq_block_elems(TYPE) / 32, ub = nq_unit_bytes(TYPE);
     const int64_t units = K / nq_block_elems(TYPE), G = K / 32;
     // Q4_K, Q5_K (AVX2): per unit Σ_j sc_j·dot_j·d_j, times the unit's d once, and the min terms
@@ -447,8 +470,10 @@ static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const flo
             for (int o = 0; o < ub; o += 64) _mm_prefetch((const char*)(unit + NQ_AHEAD + o), _MM_HINT_T0);
         const __m256 dw = header_scales<TYPE>(unit);
         const __m256 second = nq_has_min(TYPE) ? load_f16x8(unit + 16) : _mm256_setzero_ps();
-        __m256 unit_acc[k_mins ? R : 1];  // Q4_K, Q5_K: the unit's Σ sc_j·dot_j·d, times its d once
-        for (int r = 0; r < (k_mins ? R : 1); r++) unit_acc[r] = _mm256_setzero_ps();
+        // AVX2's Q4_K, Q5_K: the unit's Σ sc_j·dot_j·d, times its d once (VNNI's Q3_K, Q6_K likewise)
+        constexpr bool unit_d = k_mins || offset_chains<TYPE>();
+        __m256 unit_acc[unit_d ? R : 1];
+        for (int r = 0; r < (unit_d ? R : 1); r++) unit_acc[r] = _mm256_setzero_ps();
         for (int j = 0; j < gpu; j++) {
             const int64_t g = b * gpu + j;
             const uint8_t* gs = group_at(TYPE, unit, j);
@@ -464,6 +489,14 @@ static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const flo
                     const int8_t* x = q + r * K + 32 * g;
                     const __m256 da = _mm256_set1_ps(d[r * G + g]);
                     __m256i t;
+#if NQ_VNNI
+                    if constexpr (offset_chains<TYPE>()) {
+                        const int32_t* from = ks + r * 2 * G + 2 * g;
+                        t = _mm256_add_epi32(dot_from<0, 4>(w, x, from, by[0]), dot_from<4, 8>(w, x, from + 1, by[1]));
+                        unit_acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), da, unit_acc[r]);
+                        continue;
+                    }
+#endif
                     if constexpr (unpack_as_used)
                         t = _mm256_add_epi32(dot_unpacked<TYPE, 0, 4>(planes, x, by[0]),
                                              dot_unpacked<TYPE, 4, 8>(planes, x, by[1]));
@@ -507,7 +540,7 @@ static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const flo
                 }
             }
         }
-        if constexpr (k_mins)
+        if constexpr (unit_d)
             for (int r = 0; r < R; r++) acc[r] = _mm256_fmadd_ps(unit_acc[r], dw, acc[r]);
     }
     if constexpr (k_mins && !mins_inline) {
@@ -566,7 +599,7 @@ static inline Factors factors(int type, const uint8_t* unit, const uint8_t* gs, 
 // another order than AVX2's for Q4_K and Q5_K, whose mins AVX2 subtracts at the end).
 template <int TYPE, int R>
 static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const float* d, const int16_t* s,
-                      const float* ds, float* out, int64_t ldo, int valid) {
+                      const float* ds, const int32_t* ks, float* out, int64_t ldo, int valid) {
     const int gpu = nq_block_elems(TYPE) / 32, ub = nq_unit_bytes(TYPE);
     const int64_t units = K / nq_block_elems(TYPE), G = K / 32;
     for (int row = 0; row < valid; row++) {
@@ -597,53 +630,262 @@ static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const flo
 }
 #endif
 
+#if NQ_VNNI
+// ---- two tiles at once on 512-bit registers (VNNI, 16 activation rows a step) ----
+// Tile t's 8 rows in lanes 0..7 and tile t + 1's in lanes 8..15: one broadcast of 4 activation bytes
+// then feeds 16 rows' vpdpbusd. The 8-row steps issued two loads a cycle (the broadcast operands, the
+// sums' and scales' broadcasts), about as many as Zen 4 takes, beside the vpdpbusd, vpmulld and fmas
+// on its two FP0/FP1 pipes; sharing the broadcasts leaves those pipes the bound. A 512-bit operation
+// takes a 256-bit pipe twice there, so the arithmetic is the same; the issue slots and loads halve.
+// Every product and sum is the 8-row step's, in the same order: the same bits (tested).
 template <int TYPE>
-static void gemm_type(const uint8_t* w, int64_t t0, int64_t t1, int64_t N, int64_t K, const int8_t* q,
-                      const float* d, const int16_t* s, const float* ds, int64_t M, float* out, int64_t ldo) {
+static inline constexpr bool pairs() { return TYPE != NQ_Q8_0 && TYPE != NQ_Q2_K; }
+
+static inline __m512i pair_i(__m256i a, __m256i b) { return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1); }
+static inline __m512 pair_f(__m256 a, __m256 b) {
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(a)), _mm256_castps_pd(b), 1));
+}
+static inline __m512i pair_load(const uint8_t* a, const uint8_t* b) {
+    return pair_i(_mm256_loadu_si256((const __m256i*)a), _mm256_loadu_si256((const __m256i*)b));
+}
+// 8 bytes of each tile's group scales: 16 bytes, tile t's first
+static inline __m128i pair_bytes(const uint8_t* a, const uint8_t* b) {
+    return _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i*)a), _mm_loadl_epi64((const __m128i*)b));
+}
+static inline __m512i dpbusd_z(__m512i acc, __m512i w, const void* x) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t*)x));
+    return acc;
+}
+
+template <int FROM, int TO, int BITS>
+static inline __m512i field_z(__m512i v) {
+    if constexpr (FROM > TO) v = _mm512_srli_epi16(v, FROM - TO);
+    if constexpr (FROM < TO) v = _mm512_slli_epi16(v, TO - FROM);
+    return _mm512_and_si512(v, _mm512_set1_epi8((char)(((1 << BITS) - 1) << TO)));
+}
+
+// chunk() of the two tiles' planes (the plane vectors, each of both tiles)
+template <int TYPE, int C>
+static inline __m512i chunk_z(const __m512i* planes, __m512i book) {
+    constexpr int lo = nq_low_bits(TYPE), hi = nq_high_bits(TYPE);
+    __m512i u = field_z<nq_plane_shift(lo, C), 0, lo>(planes[nq_plane_vector(lo, C)]);
+    if constexpr (hi > 0) u = _mm512_or_si512(u, field_z<nq_plane_shift(hi, C), lo, hi>(planes[lo + nq_plane_vector(hi, C)]));
+    return nq_codebook(TYPE) ? _mm512_shuffle_epi8(book, u) : u;
+}
+
+// group_chunks() of both tiles
+template <int TYPE>
+static inline void pair_chunks(const uint8_t* pa, const uint8_t* pb, __m512i* w) {
+    constexpr int np = nq_low_bits(TYPE) + nq_high_bits(TYPE);
+    __m512i planes[np];
+    for (int i = 0; i < np; i++) planes[i] = pair_load(pa + 32 * i, pb + 32 * i);
+    if constexpr (high_in_place<TYPE>()) {
+        for (int c = 0; c < 4; c++) {
+            w[c] = _mm512_and_si512(planes[c], _mm512_set1_epi8(0x0f));
+            w[c + 4] = _mm512_and_si512(planes[c], _mm512_set1_epi8((char)0xf0));
+        }
+        return;
+    }
+    const __m256i b = codebook<TYPE>();
+    const __m512i book = pair_i(b, b);
+    w[0] = chunk_z<TYPE, 0>(planes, book); w[1] = chunk_z<TYPE, 1>(planes, book); w[2] = chunk_z<TYPE, 2>(planes, book);
+    w[3] = chunk_z<TYPE, 3>(planes, book); w[4] = chunk_z<TYPE, 4>(planes, book); w[5] = chunk_z<TYPE, 5>(planes, book);
+    w[6] = chunk_z<TYPE, 6>(planes, book); w[7] = chunk_z<TYPE, 7>(planes, book);
+}
+
+// dot_chunks<TYPE, 0, 8>() (VNNI) of both tiles
+template <int TYPE>
+static inline __m512i dot_z(const __m512i* w, const int8_t* x) {
+    __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
+    for (int c = 0; c < 8; c++) {
+        if (high_in_place<TYPE>() ? c >= 4 : (c & 1)) odd = dpbusd_z(odd, w[c], x + 4 * c);
+        else even = dpbusd_z(even, w[c], x + 4 * c);
+    }
+    return _mm512_add_epi32(even, high_in_place<TYPE>() ? _mm512_srai_epi32(odd, 4) : odd);
+}
+
+// dot_from() of both tiles
+template <int C0, int C1>
+static inline __m512i dot_from_z(const __m512i* w, const int8_t* x, const int32_t* from, __m512i by) {
+    __m512i even = _mm512_set1_epi32(*from), odd = _mm512_setzero_si512();
+    for (int c = C0; c < C1; c++) {
+        if ((c - C0) & 1) odd = dpbusd_z(odd, w[c], x + 4 * c);
+        else even = dpbusd_z(even, w[c], x + 4 * c);
+    }
+    return _mm512_mullo_epi32(_mm512_add_epi32(even, odd), by);
+}
+
+// group_ab() of both tiles (VNNI's: B is used by the min types only)
+template <int TYPE>
+static inline void pair_ab(__m512 dw, __m512 second, const uint8_t* ga, const uint8_t* gb, __m512* A, __m512* B) {
+    if constexpr (TYPE == NQ_Q4_K || TYPE == NQ_Q5_K) {
+        *A = _mm512_mul_ps(dw, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(pair_bytes(ga, gb))));
+        const __m512 mn = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(pair_bytes(ga + 8, gb + 8)));
+        *B = _mm512_mul_ps(_mm512_mul_ps(second, mn), _mm512_set1_ps(-1.0f));
+    } else if constexpr (TYPE == NQ_Q4_1 || TYPE == NQ_Q5_1) {
+        *A = dw;
+        *B = second;
+    } else {
+        *A = TYPE == NQ_IQ4_XS ? _mm512_mul_ps(dw, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(pair_bytes(ga, gb)))) : dw;
+        *B = _mm512_setzero_ps();
+    }
+}
+
+// The header's scales of both tiles' units
+template <int TYPE>
+static inline __m512 pair_scales(const uint8_t* ua, const uint8_t* ub) {
+    return pair_f(header_scales<TYPE>(ua), header_scales<TYPE>(ub));
+}
+
+// tile_rows<TYPE, R>() of tiles t and t + 1 (both whole), out[r·ldo + 0..15]
+template <int TYPE, int R>
+static void pair_rows(const uint8_t* tile, int64_t tile_bytes, int64_t K, const int8_t* q, const float* d,
+                      const int16_t* s, const float* ds, const int32_t* ks, float* out, int64_t ldo) {
+    const int gpu = nq_block_elems(TYPE) / 32, ub = nq_unit_bytes(TYPE);
+    const int64_t units = K / nq_block_elems(TYPE), G = K / 32;
+    __m512 acc[R], mins[R];
+    for (int r = 0; r < R; r++) acc[r] = mins[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < units; b++) {
+        const uint8_t* ua = tile + b * ub;
+        const uint8_t* ux = ua + tile_bytes;  // tile t + 1's unit
+        const __m512 dw = pair_scales<TYPE>(ua, ux);
+        const __m512 second = nq_has_min(TYPE) ? pair_f(load_f16x8(ua + 16), load_f16x8(ux + 16)) : _mm512_setzero_ps();
+        __m512 unit_acc[offset_chains<TYPE>() ? R : 1];
+        for (int r = 0; r < (offset_chains<TYPE>() ? R : 1); r++) unit_acc[r] = _mm512_setzero_ps();
+        for (int j = 0; j < gpu; j++) {
+            const int64_t g = b * gpu + j;
+            const uint8_t* ga = group_at(TYPE, ua, j);
+            const uint8_t* gb = group_at(TYPE, ux, j);
+            __m512i w[8];
+            pair_chunks<TYPE>(ga + nq_group_scales(TYPE), gb + nq_group_scales(TYPE), w);
+            if constexpr (offset_chains<TYPE>()) {
+                const __m512i by0 = _mm512_cvtepi8_epi32(pair_bytes(ga, gb)), by1 = _mm512_cvtepi8_epi32(pair_bytes(ga + 8, gb + 8));
+                for (int r = 0; r < R; r++) {
+                    const int8_t* x = q + r * K + 32 * g;
+                    const int32_t* from = ks + r * 2 * G + 2 * g;
+                    const __m512i t = _mm512_add_epi32(dot_from_z<0, 4>(w, x, from, by0), dot_from_z<4, 8>(w, x, from + 1, by1));
+                    unit_acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_set1_ps(d[r * G + g]), unit_acc[r]);
+                }
+            } else {
+                __m512 A, B;
+                pair_ab<TYPE>(dw, second, ga, gb, &A, &B);
+                for (int r = 0; r < R; r++) {
+                    __m512i sum = dot_z<TYPE>(w, q + r * K + 32 * g);
+                    if constexpr (int_offset<TYPE>() != 0) {
+                        int32_t pair;  // the row's two sums of 16, each times the offset by vpmaddwd
+                        memcpy(&pair, s + r * 2 * G + 2 * g, 4);
+                        sum = _mm512_sub_epi32(sum, _mm512_madd_epi16(_mm512_set1_epi32(pair), _mm512_set1_epi16(int_offset<TYPE>())));
+                    }
+                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(A, _mm512_set1_ps(d[r * G + g])), acc[r]);
+                    if constexpr (nq_has_min(TYPE)) mins[r] = _mm512_fmadd_ps(B, _mm512_set1_ps(ds[r * G + g]), mins[r]);
+                }
+            }
+        }
+        if constexpr (offset_chains<TYPE>())
+            for (int r = 0; r < R; r++) acc[r] = _mm512_fmadd_ps(unit_acc[r], dw, acc[r]);
+    }
+    for (int r = 0; r < R; r++) {
+        if constexpr (nq_has_min(TYPE)) acc[r] = _mm512_add_ps(acc[r], mins[r]);
+        _mm512_storeu_ps(out + r * ldo, acc[r]);
+    }
+}
+#endif
+
+// The chains' starts of M activation rows (offset_chains): -k·s of each 16 values, in a buffer of the
+// calling thread's that grows as needed (each ISA's and type's own); null if it cannot grow.
+template <int TYPE>
+static inline const int32_t* chain_starts(const int16_t* s, int64_t n) {
+    static thread_local int32_t* held = nullptr;
+    static thread_local int64_t size = 0;
+    if (n > size) {
+        int32_t* grown = (int32_t*)realloc(held, n * sizeof(int32_t));
+        if (!grown) return nullptr;
+        held = grown;
+        size = n;
+    }
+    constexpr int k = TYPE == NQ_Q3_K ? 4 : 32;
+    for (int64_t i = 0; i < n; i++) held[i] = -k * s[i];
+    return held;
+}
+
+template <int TYPE, int R>
+static inline void tile_step(const uint8_t* tile, int64_t K, int64_t m, const int8_t* q, const float* d,
+                             const int16_t* s, const float* ds, const int32_t* ks, float* o, int64_t ldo, int valid) {
+    const int64_t G = K / 32;
+    tile_rows<TYPE, R>(tile, K, q + m * K, d + m * G, s + m * 2 * G, ds + m * G, ks ? ks + m * 2 * G : ks, o + m * ldo,
+                       ldo, valid);
+}
+
+// Tiles t0..t1 times M rows; -1 if the chains' starts could not be held.
+// Rows m..M-1 of one tile in the steps of 16 (VNNI), 8, 4 and fewer rows.
+template <int TYPE>
+static void gemm_rest(const uint8_t* tile, int64_t K, int64_t m, const int8_t* q, const float* d, const int16_t* s,
+                      const float* ds, const int32_t* ks, int64_t M, float* o, int64_t ldo, int valid) {
+    // 8 rows a step, the weights' unpacking and scales shared by more of them (Q6_K's prefill +10%);
+    // Q8_0 has none to share, and the 8 rows' registers slowed it by 5%. VNNI (32 vector registers):
+    // 16, which took 3-7% off every type's 16 rows in L2 but Q2_K's (Zen 4, bench/kernels_ab.py)
+    if constexpr (NQ_VNNI && TYPE != NQ_Q8_0)
+        for (; m + 16 <= M; m += 16) tile_step<TYPE, 16>(tile, K, m, q, d, s, ds, ks, o, ldo, valid);
+    for (; TYPE != NQ_Q8_0 && m + 8 <= M; m += 8) tile_step<TYPE, 8>(tile, K, m, q, d, s, ds, ks, o, ldo, valid);
+    for (; m + 4 <= M; m += 4) tile_step<TYPE, 4>(tile, K, m, q, d, s, ds, ks, o, ldo, valid);
+    switch (M - m) {
+    case 3: tile_step<TYPE, 3>(tile, K, m, q, d, s, ds, ks, o, ldo, valid); break;
+    case 2: tile_step<TYPE, 2>(tile, K, m, q, d, s, ds, ks, o, ldo, valid); break;
+    case 1: tile_step<TYPE, 1>(tile, K, m, q, d, s, ds, ks, o, ldo, valid); break;
+    }
+}
+
+template <int TYPE>
+static int gemm_type(const uint8_t* w, int64_t t0, int64_t t1, int64_t N, int64_t K, const int8_t* q,
+                     const float* d, const int16_t* s, const float* ds, int64_t M, float* out, int64_t ldo) {
     const int64_t G = K / 32, tile_bytes = K / nq_block_elems(TYPE) * nq_unit_bytes(TYPE);
+    const int32_t* ks = nullptr;
+    if constexpr (offset_chains<TYPE>())
+        if (!(ks = chain_starts<TYPE>(s, M * 2 * G))) return -1;
     for (int64_t t = t0; t < t1; t++) {
         const uint8_t* tile = w + t * tile_bytes;
         const int valid = (int)(N - t * NQ_TILE < NQ_TILE ? N - t * NQ_TILE : NQ_TILE);
         float* o = out + t * NQ_TILE;
         int64_t m = 0;
-        // 8 rows a step, the weights' unpacking and scales shared by more of them (Q6_K's prefill +10%);
-        // Q8_0 has none to share, and the 8 rows' registers slowed it by 5%. VNNI (32 vector registers):
-        // 16, which took 3-7% off every type's 16 rows in L2 but Q2_K's (Zen 4, bench/kernels_ab.py)
-        if constexpr (NQ_VNNI && TYPE != NQ_Q8_0)
-            for (; m + 16 <= M; m += 16)
-                tile_rows<TYPE, 16>(tile, K, q + m * K, d + m * G, s + m * 2 * G, ds + m * G, o + m * ldo, ldo, valid);
-        for (; TYPE != NQ_Q8_0 && m + 8 <= M; m += 8)
-            tile_rows<TYPE, 8>(tile, K, q + m * K, d + m * G, s + m * 2 * G, ds + m * G, o + m * ldo, ldo, valid);
-        for (; m + 4 <= M; m += 4)
-            tile_rows<TYPE, 4>(tile, K, q + m * K, d + m * G, s + m * 2 * G, ds + m * G, o + m * ldo, ldo, valid);
-        switch (M - m) {
-        case 3: tile_rows<TYPE, 3>(tile, K, q + m * K, d + m * G, s + m * 2 * G, ds + m * G, o + m * ldo, ldo, valid); break;
-        case 2: tile_rows<TYPE, 2>(tile, K, q + m * K, d + m * G, s + m * 2 * G, ds + m * G, o + m * ldo, ldo, valid); break;
-        case 1: tile_rows<TYPE, 1>(tile, K, q + m * K, d + m * G, s + m * 2 * G, ds + m * G, o + m * ldo, ldo, valid); break;
+#if NQ_VNNI
+        // two whole tiles, 16 rows a step (pair_rows); what is left of M in the 8-row steps below, a tile at a time
+        if constexpr (pairs<TYPE>()) {
+            if (M >= 16 && t + 1 < t1 && N - t * NQ_TILE >= 2 * NQ_TILE) {
+                for (; m + 16 <= M; m += 16)
+                    pair_rows<TYPE, 16>(tile, tile_bytes, K, q + m * K, d + m * G, s + m * 2 * G, ds + m * G,
+                                        ks ? ks + m * 2 * G : ks, o + m * ldo, ldo);
+                for (int64_t u = t; u < t + 2; u++)
+                    gemm_rest<TYPE>(w + u * tile_bytes, K, m, q, d, s, ds, ks, M, out + u * NQ_TILE, ldo, NQ_TILE);
+                t++;
+                continue;
+            }
         }
+#endif
+        gemm_rest<TYPE>(tile, K, m, q, d, s, ds, ks, M, o, ldo, valid);
     }
+    return 0;
 }
 
 // Tiles t0..t1 of a repacked (N rows, K values) weight times M quantized activation rows:
-// out[m·ldo + n]. Returns 0, or -1 for a type this file does not know.
+// out[m·ldo + n]. Returns 0; -1 where a buffer could not be had; -2 for a type this file does not know.
 int gemm(int type, const uint8_t* w, int64_t t0, int64_t t1, int64_t N, int64_t K, const int8_t* q,
          const float* d, const int16_t* s, const float* ds, int64_t M, float* out, int64_t ldo) {
     switch (type) {
-    case NQ_Q4_0: gemm_type<NQ_Q4_0>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo); return 0;
-    case NQ_Q4_1: gemm_type<NQ_Q4_1>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo); return 0;
-    case NQ_Q5_0: gemm_type<NQ_Q5_0>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo); return 0;
-    case NQ_Q5_1: gemm_type<NQ_Q5_1>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo); return 0;
-    case NQ_Q8_0: gemm_type<NQ_Q8_0>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo); return 0;
-    case NQ_Q4_K: gemm_type<NQ_Q4_K>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo); return 0;
-    case NQ_Q5_K: gemm_type<NQ_Q5_K>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo); return 0;
-    case NQ_Q6_K: gemm_type<NQ_Q6_K>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo); return 0;
-    case NQ_Q2_K: gemm_type<NQ_Q2_K>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo); return 0;
-    case NQ_Q3_K: gemm_type<NQ_Q3_K>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo); return 0;
-    case NQ_IQ4_NL: gemm_type<NQ_IQ4_NL>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo); return 0;
-    case NQ_IQ4_XS: gemm_type<NQ_IQ4_XS>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo); return 0;
-    case NQ_MXFP4: gemm_type<NQ_MXFP4>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo); return 0;
+    case NQ_Q4_0: return gemm_type<NQ_Q4_0>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo);
+    case NQ_Q4_1: return gemm_type<NQ_Q4_1>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo);
+    case NQ_Q5_0: return gemm_type<NQ_Q5_0>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo);
+    case NQ_Q5_1: return gemm_type<NQ_Q5_1>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo);
+    case NQ_Q8_0: return gemm_type<NQ_Q8_0>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo);
+    case NQ_Q4_K: return gemm_type<NQ_Q4_K>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo);
+    case NQ_Q5_K: return gemm_type<NQ_Q5_K>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo);
+    case NQ_Q6_K: return gemm_type<NQ_Q6_K>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo);
+    case NQ_Q2_K: return gemm_type<NQ_Q2_K>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo);
+    case NQ_Q3_K: return gemm_type<NQ_Q3_K>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo);
+    case NQ_IQ4_NL: return gemm_type<NQ_IQ4_NL>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo);
+    case NQ_IQ4_XS: return gemm_type<NQ_IQ4_XS>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo);
+    case NQ_MXFP4: return gemm_type<NQ_MXFP4>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo);
     }
-    return -1;
+    return -2;
 }
 
 #if NQ_AVX2
