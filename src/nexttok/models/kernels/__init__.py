@@ -28,10 +28,8 @@ one line on stderr and returns None: the loaders then fall back to torch's kerne
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import hashlib
 import importlib.util
-import mmap
 import shutil
 import sys
 from collections.abc import Callable
@@ -42,6 +40,8 @@ import torch
 
 from nexttok.cpu import cpu_flags
 from nexttok.home import cache_home
+from nexttok.models.kernels.slabs import huge_pages as huge_pages  # benchmark.py uses it for its bandwidth probe
+from nexttok.models.kernels.slabs import tile_memory
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = ("ops.cpp", "decode.cpp", "select.cpp", "q_generic.cpp", "q_avx2.cpp", "q_vnni.cpp")
@@ -182,8 +182,8 @@ def repack(kind: str, raw: torch.Tensor, k: int, done: Callable[[int, int], None
     file's pages of those rows: a weight never sits in memory twice)."""
     type_id = BLOCKS[kind][0]
     rows = raw.shape[0]
-    tiles = torch.empty(((rows + TILE - 1) // TILE, load().tile_bytes(type_id, k)), dtype=torch.uint8)
-    huge_pages(tiles)  # before anything is written: the pages are faulted in as the repack writes them
+    shape = ((rows + TILE - 1) // TILE, load().tile_bytes(type_id, k))
+    tiles = tile_memory(shape[0] * shape[1]).view(shape)  # on 2 MiB pages, faulted in as the repack writes
     step = max(TILE, chunk_bytes // max(1, raw.shape[1]) // TILE * TILE)
     for first in range(0, rows, step):
         stop = min(rows, first + step)
@@ -191,23 +191,6 @@ def repack(kind: str, raw: torch.Tensor, k: int, done: Callable[[int, int], None
         if done is not None:
             done(first, stop)
     return Tiled(kind, tiles, rows, k)
-
-
-HUGE_PAGE = 1 << 21
-
-
-def huge_pages(tensor: torch.Tensor) -> None:
-    """Ask Linux for 2 MiB pages under a tensor's whole 2 MiB runs (madvise MADV_HUGEPAGE; where
-    transparent huge pages are "madvise", as here, nothing gets them unasked). A decode step
-    streams every weight once: with 4 KiB pages that is a TLB miss every 4 KiB (a 175 MB output
-    layer, Q4_0, 2 threads, AMD EPYC: 22.4 -> 25.6 GB/s). Nothing where the system has no such call."""
-    start, size = tensor.data_ptr(), tensor.numel() * tensor.element_size()
-    first = (start + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE
-    end = (start + size) // HUGE_PAGE * HUGE_PAGE
-    advice = getattr(mmap, "MADV_HUGEPAGE", None)
-    if end > first and advice is not None:
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None).madvise(ctypes.c_void_p(first), ctypes.c_size_t(end - first), advice)
 
 
 def unpack(weight: Tiled, rows: torch.Tensor) -> torch.Tensor:
