@@ -238,17 +238,33 @@ static inline __m256i dpbusd_b(__m256i acc, __m256i w, const int8_t* x) {
 #endif
 
 #if NQ_VNNI
+// The few operations dot_from takes, on 256-bit registers (one tile) and 512-bit ones (two: pair_rows).
+static inline __m512i dpbusd_z(__m512i acc, __m512i w, const int8_t* x) {  // dpbusd_b's {1to16}
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t*)x));
+    return acc;
+}
+static inline __m256i dpbusd_v(__m256i acc, __m256i w, const int8_t* x) { return dpbusd_b(acc, w, x); }
+static inline __m512i dpbusd_v(__m512i acc, __m512i w, const int8_t* x) { return dpbusd_z(acc, w, x); }
+static inline void splat(__m256i* v, int32_t a) { *v = _mm256_set1_epi32(a); }
+static inline void splat(__m512i* v, int32_t a) { *v = _mm512_set1_epi32(a); }
+static inline __m256i add_v(__m256i a, __m256i b) { return _mm256_add_epi32(a, b); }
+static inline __m512i add_v(__m512i a, __m512i b) { return _mm512_add_epi32(a, b); }
+static inline __m256i mullo_v(__m256i a, __m256i b) { return _mm256_mullo_epi32(a, b); }
+static inline __m512i mullo_v(__m512i a, __m512i b) { return _mm512_mullo_epi32(a, b); }
+
 // VNNI, Q3_K and Q6_K: Σ (u - k)·x of one half times its scale, the chain of vpdpbusd started from
 // -k·Σx (from): the offset costs no multiply (vpmaddwd) and no subtraction a row, where the FP0/FP1
 // pipes that vpdpbusd, vpmulld, vmulps and vfmadd share bound the multi-row steps (Zen 4).
-template <int C0, int C1>
-static inline __m256i dot_from(const __m256i* w, const int8_t* x, const int32_t* from, __m256i by) {
-    __m256i even = _mm256_set1_epi32(*from), odd = _mm256_setzero_si256();
+template <int C0, int C1, typename V>
+static inline V dot_from(const V* w, const int8_t* x, const int32_t* from, V by) {
+    V even, odd;
+    splat(&even, *from);
+    splat(&odd, 0);
     for (int c = C0; c < C1; c++) {
-        if ((c - C0) & 1) odd = dpbusd_b(odd, w[c], x + 4 * c);
-        else even = dpbusd_b(even, w[c], x + 4 * c);
+        if ((c - C0) & 1) odd = dpbusd_v(odd, w[c], x + 4 * c);
+        else even = dpbusd_v(even, w[c], x + 4 * c);
     }
-    return _mm256_mullo_epi32(_mm256_add_epi32(even, odd), by);
+    return mullo_v(add_v(even, odd), by);
 }
 #endif
 
@@ -652,10 +668,6 @@ static inline __m512i pair_load(const uint8_t* a, const uint8_t* b) {
 static inline __m128i pair_bytes(const uint8_t* a, const uint8_t* b) {
     return _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i*)a), _mm_loadl_epi64((const __m128i*)b));
 }
-static inline __m512i dpbusd_z(__m512i acc, __m512i w, const void* x) {
-    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t*)x));
-    return acc;
-}
 
 template <int FROM, int TO, int BITS>
 static inline __m512i field_z(__m512i v) {
@@ -702,17 +714,6 @@ static inline __m512i dot_z(const __m512i* w, const int8_t* x) {
         else even = dpbusd_z(even, w[c], x + 4 * c);
     }
     return _mm512_add_epi32(even, high_in_place<TYPE>() ? _mm512_srai_epi32(odd, 4) : odd);
-}
-
-// dot_from() of both tiles
-template <int C0, int C1>
-static inline __m512i dot_from_z(const __m512i* w, const int8_t* x, const int32_t* from, __m512i by) {
-    __m512i even = _mm512_set1_epi32(*from), odd = _mm512_setzero_si512();
-    for (int c = C0; c < C1; c++) {
-        if ((c - C0) & 1) odd = dpbusd_z(odd, w[c], x + 4 * c);
-        else even = dpbusd_z(even, w[c], x + 4 * c);
-    }
-    return _mm512_mullo_epi32(_mm512_add_epi32(even, odd), by);
 }
 
 // group_ab() of both tiles (VNNI's: B is used by the min types only)
@@ -763,7 +764,7 @@ static void pair_rows(const uint8_t* tile, int64_t tile_bytes, int64_t K, const 
                 for (int r = 0; r < R; r++) {
                     const int8_t* x = q + r * K + 32 * g;
                     const int32_t* from = ks + r * 2 * G + 2 * g;
-                    const __m512i t = _mm512_add_epi32(dot_from_z<0, 4>(w, x, from, by0), dot_from_z<4, 8>(w, x, from + 1, by1));
+                    const __m512i t = _mm512_add_epi32(dot_from<0, 4>(w, x, from, by0), dot_from<4, 8>(w, x, from + 1, by1));
                     unit_acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_set1_ps(d[r * G + g]), unit_acc[r]);
                 }
             } else {
