@@ -34,6 +34,7 @@ from nexttok.generation.sampling import SamplingParams
 from nexttok.generation.speculative import NgramDrafter, Rounds, speculative_stream
 from nexttok.models import kernels
 from nexttok.models.cache import KVCache
+from nexttok.models.kernels.slabs import huge_pages
 
 METRICS = (  # key, label, higher is better
     ("decode_tps", "decode tokens/s (batch 1, greedy)", True),
@@ -67,10 +68,10 @@ class BenchConfig:
 
 def measure_read_bandwidth(megabytes: int = 512, repeat: int = 5) -> float:
     """Memory read bandwidth in GB/s: the best time to sum a buffer much larger than the caches, on
-    2 MiB pages as the kernels' weights are (kernels.huge_pages: on 4 KiB pages the same sum read
+    2 MiB pages as the kernels' weights are (huge_pages: on 4 KiB pages the same sum read
     27-30 GB/s where it read 33 here), so that the roofline is what the memory gives, not less."""
     data = torch.empty(megabytes * (1 << 20) // 4, dtype=torch.float32)
-    kernels.huge_pages(data)
+    huge_pages(data)
     data.fill_(1.0)
     data.sum()
     best = min(_timed(data.sum) for _ in range(repeat))

@@ -40,7 +40,6 @@ import torch
 
 from nexttok.cpu import cpu_flags
 from nexttok.home import cache_home
-from nexttok.models.kernels.slabs import huge_pages as huge_pages  # benchmark.py uses it for its bandwidth probe
 from nexttok.models.kernels.slabs import tile_memory
 
 CSRC = Path(__file__).parent / "csrc"

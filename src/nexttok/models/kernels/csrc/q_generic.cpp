@@ -218,10 +218,7 @@ void repack(int type, const uint8_t* raw, int64_t N, int64_t K, uint8_t* out) {
     for (int64_t t = 0; t < tiles; t++) {
         switch (type) {
 #define NQ_REPACK_CASE(T) case T: repack_tiles<T>(raw, N, K, out, t, t + 1); break;
-        NQ_REPACK_CASE(NQ_Q4_0) NQ_REPACK_CASE(NQ_Q4_1) NQ_REPACK_CASE(NQ_Q5_0) NQ_REPACK_CASE(NQ_Q5_1)
-        NQ_REPACK_CASE(NQ_Q8_0) NQ_REPACK_CASE(NQ_Q2_K) NQ_REPACK_CASE(NQ_Q3_K) NQ_REPACK_CASE(NQ_Q4_K)
-        NQ_REPACK_CASE(NQ_Q5_K) NQ_REPACK_CASE(NQ_Q6_K) NQ_REPACK_CASE(NQ_IQ4_NL) NQ_REPACK_CASE(NQ_IQ4_XS)
-        NQ_REPACK_CASE(NQ_MXFP4)
+        NQ_EACH_TYPE(NQ_REPACK_CASE)
 #undef NQ_REPACK_CASE
         }
     }

@@ -77,7 +77,7 @@ static inline constexpr int weight_max(int type) {
          : (1 << (nq_low_bits(type) + nq_high_bits(type))) - 1;
 }
 
-// VNNI's Q3_K and Q6_K: their dots' chains start from -k·s of each half (dot_from), which gemm_type
+// VNNI's Q3_K and Q6_K: their dots' chains start from -k·s of each half (dot_chains), which gemm_type
 // works out once a call for all its rows (chain_starts), and their sums take the weights' d once a
 // unit, as AVX2's Q4_K and Q5_K do (one vmulps a row and group fewer). One row: 1.10x (Q6_K, Q3_K in L2,
 // Zen 4, bench/kernels_ab.py); 3 rows 1.07-1.10x.
@@ -238,7 +238,7 @@ static inline __m256i dpbusd_b(__m256i acc, __m256i w, const int8_t* x) {
 #endif
 
 #if NQ_VNNI
-// The few operations dot_from takes, on 256-bit registers (one tile) and 512-bit ones (two: pair_rows).
+// The few operations dot_chains takes, on 256-bit registers (one tile) and 512-bit ones (two: pair_rows).
 static inline __m512i dpbusd_z(__m512i acc, __m512i w, const int8_t* x) {  // dpbusd_b's {1to16}
     __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t*)x));
     return acc;
@@ -249,22 +249,27 @@ static inline void splat(__m256i* v, int32_t a) { *v = _mm256_set1_epi32(a); }
 static inline void splat(__m512i* v, int32_t a) { *v = _mm512_set1_epi32(a); }
 static inline __m256i add_v(__m256i a, __m256i b) { return _mm256_add_epi32(a, b); }
 static inline __m512i add_v(__m512i a, __m512i b) { return _mm512_add_epi32(a, b); }
-static inline __m256i mullo_v(__m256i a, __m256i b) { return _mm256_mullo_epi32(a, b); }
-static inline __m512i mullo_v(__m512i a, __m512i b) { return _mm512_mullo_epi32(a, b); }
+static inline __m256i sixteenth_v(__m256i a) { return _mm256_srai_epi32(a, 4); }
+static inline __m512i sixteenth_v(__m512i a) { return _mm512_srai_epi32(a, 4); }
 
-// VNNI, Q3_K and Q6_K: Σ (u - k)·x of one half times its scale, the chain of vpdpbusd started from
-// -k·Σx (from): the offset costs no multiply (vpmaddwd) and no subtraction a row, where the FP0/FP1
-// pipes that vpdpbusd, vpmulld, vmulps and vfmadd share bound the multi-row steps (Zen 4).
-template <int C0, int C1, typename V>
-static inline V dot_from(const V* w, const int8_t* x, const int32_t* from, V by) {
+// Σ over chunks C0..C1-1 of u·x by vpdpbusd, in two chains: the even chunks' and the odd ones' (each
+// waits on the one before it in its chain, and a single chain of 8 held a group for 8 of its
+// latencies: Zen 4, one row, Q4_K +8%), or for the plain nibble types (high_in_place) the low
+// nibbles' and the high ones' (16·u, a sixteenth of it taken once). The first chain starts from
+// `start`: Q3_K's and Q6_K's -k·Σx of the half (offset_chains), so that their offset costs no
+// multiply (vpmaddwd) and no subtraction a row, where the FP0/FP1 pipes that vpdpbusd, vpmulld,
+// vmulps and vfmadd share bound the multi-row steps (Zen 4); 0 for the other types.
+template <int TYPE, int C0, int C1, typename V>
+static inline V dot_chains(const V* w, const int8_t* x, int32_t start = 0) {
+    static_assert(!high_in_place<TYPE>() || (C0 == 0 && C1 == 8), "a whole group");
     V even, odd;
-    splat(&even, *from);
+    splat(&even, start);
     splat(&odd, 0);
     for (int c = C0; c < C1; c++) {
-        if ((c - C0) & 1) odd = dpbusd_v(odd, w[c], x + 4 * c);
+        if (high_in_place<TYPE>() ? c >= 4 : ((c - C0) & 1)) odd = dpbusd_v(odd, w[c], x + 4 * c);
         else even = dpbusd_v(even, w[c], x + 4 * c);
     }
-    return mullo_v(add_v(even, odd), by);
+    return add_v(even, high_in_place<TYPE>() ? sixteenth_v(odd) : odd);
 }
 #endif
 
@@ -282,28 +287,11 @@ static inline __m256i bcast4(const int8_t* x) {
 // L2, Zen 4; their dots scaled as floats had been as fast at one row and 15-22% slower at eight).
 template <int TYPE, int C0, int C1>
 static inline __m256i dot_chunks(const __m256i* w, const int8_t* x, __m256i by = _mm256_set1_epi16(1)) {
-    __m256i acc = _mm256_setzero_si256();
 #if NQ_VNNI
-    {
-        // two chains of vpdpbusd, the even chunks' and the odd ones': each waits on the one before it in
-        // its chain, and a single chain of 8 held a group for 8 of its latencies (Zen 4, one row: Q4_K +8%)
-        __m256i odd = _mm256_setzero_si256();
-        if constexpr (high_in_place<TYPE>()) {  // the low nibbles' chain and the high ones' (16·u)
-            static_assert(C0 == 0 && C1 == 8, "a whole group");
-            for (int c = 0; c < 8; c++) {
-                if (c < 4) acc = dpbusd_b(acc, w[c], x + 4 * c);
-                else odd = dpbusd_b(odd, w[c], x + 4 * c);
-            }
-            return _mm256_add_epi32(acc, _mm256_srai_epi32(odd, 4));
-        }
-        for (int c = C0; c < C1; c++) {
-            if ((c - C0) & 1) odd = dpbusd_b(odd, w[c], x + 4 * c);
-            else acc = dpbusd_b(acc, w[c], x + 4 * c);
-        }
-        // exact: |sc·Σu·x| <= 128·63·127·16 for Q6_K's half
-        return nq_per16(TYPE) ? _mm256_mullo_epi32(_mm256_add_epi32(acc, odd), by) : _mm256_add_epi32(acc, odd);
-    }
+    const __m256i sum = dot_chains<TYPE, C0, C1>(w, x);
+    return nq_per16(TYPE) ? _mm256_mullo_epi32(sum, by) : sum;  // exact: |sc·Σu·x| <= 128·63·127·16 (Q6_K)
 #else
+    __m256i acc = _mm256_setzero_si256();
     // vpmaddubsw pairs into int16, summed over as many chunks as cannot overflow (each int16 takes
     // 2 products of at most weight_max · 127 per chunk), then vpmaddwd
     constexpr int run = 32767 / (2 * 127 * weight_max(TYPE));
@@ -508,7 +496,8 @@ static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const flo
 #if NQ_VNNI
                     if constexpr (offset_chains<TYPE>()) {
                         const int32_t* from = ks + r * 2 * G + 2 * g;
-                        t = _mm256_add_epi32(dot_from<0, 4>(w, x, from, by[0]), dot_from<4, 8>(w, x, from + 1, by[1]));
+                        t = _mm256_add_epi32(_mm256_mullo_epi32(dot_chains<TYPE, 0, 4>(w, x, from[0]), by[0]),
+                                             _mm256_mullo_epi32(dot_chains<TYPE, 4, 8>(w, x, from[1]), by[1]));
                         unit_acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), da, unit_acc[r]);
                         continue;
                     }
@@ -705,17 +694,6 @@ static inline void pair_chunks(const uint8_t* pa, const uint8_t* pb, __m512i* w)
     w[6] = chunk_z<TYPE, 6>(planes, book); w[7] = chunk_z<TYPE, 7>(planes, book);
 }
 
-// dot_chunks<TYPE, 0, 8>() (VNNI) of both tiles
-template <int TYPE>
-static inline __m512i dot_z(const __m512i* w, const int8_t* x) {
-    __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
-    for (int c = 0; c < 8; c++) {
-        if (high_in_place<TYPE>() ? c >= 4 : (c & 1)) odd = dpbusd_z(odd, w[c], x + 4 * c);
-        else even = dpbusd_z(even, w[c], x + 4 * c);
-    }
-    return _mm512_add_epi32(even, high_in_place<TYPE>() ? _mm512_srai_epi32(odd, 4) : odd);
-}
-
 // group_ab() of both tiles (VNNI's: B is used by the min types only)
 template <int TYPE>
 static inline void pair_ab(__m512 dw, __m512 second, const uint8_t* ga, const uint8_t* gb, __m512* A, __m512* B) {
@@ -764,14 +742,15 @@ static void pair_rows(const uint8_t* tile, int64_t tile_bytes, int64_t K, const 
                 for (int r = 0; r < R; r++) {
                     const int8_t* x = q + r * K + 32 * g;
                     const int32_t* from = ks + r * 2 * G + 2 * g;
-                    const __m512i t = _mm512_add_epi32(dot_from<0, 4>(w, x, from, by0), dot_from<4, 8>(w, x, from + 1, by1));
+                    const __m512i t = _mm512_add_epi32(_mm512_mullo_epi32(dot_chains<TYPE, 0, 4>(w, x, from[0]), by0),
+                                                       _mm512_mullo_epi32(dot_chains<TYPE, 4, 8>(w, x, from[1]), by1));
                     unit_acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_set1_ps(d[r * G + g]), unit_acc[r]);
                 }
             } else {
                 __m512 A, B;
                 pair_ab<TYPE>(dw, second, ga, gb, &A, &B);
                 for (int r = 0; r < R; r++) {
-                    __m512i sum = dot_z<TYPE>(w, q + r * K + 32 * g);
+                    __m512i sum = dot_chains<TYPE, 0, 8>(w, q + r * K + 32 * g);
                     if constexpr (int_offset<TYPE>() != 0) {
                         int32_t pair;  // the row's two sums of 16, each times the offset by vpmaddwd
                         memcpy(&pair, s + r * 2 * G + 2 * g, 4);
@@ -817,7 +796,6 @@ static inline void tile_step(const uint8_t* tile, int64_t K, int64_t m, const in
                        ldo, valid);
 }
 
-// Tiles t0..t1 times M rows; -1 if the chains' starts could not be held.
 // Rows m..M-1 of one tile in the steps of 16 (VNNI), 8, 4 and fewer rows.
 template <int TYPE>
 static void gemm_rest(const uint8_t* tile, int64_t K, int64_t m, const int8_t* q, const float* d, const int16_t* s,
@@ -836,6 +814,7 @@ static void gemm_rest(const uint8_t* tile, int64_t K, int64_t m, const int8_t* q
     }
 }
 
+// Tiles t0..t1 times M rows; -1 if the chains' starts could not be held.
 template <int TYPE>
 static int gemm_type(const uint8_t* w, int64_t t0, int64_t t1, int64_t N, int64_t K, const int8_t* q,
                      const float* d, const int16_t* s, const float* ds, int64_t M, float* out, int64_t ldo) {
@@ -872,19 +851,9 @@ static int gemm_type(const uint8_t* w, int64_t t0, int64_t t1, int64_t N, int64_
 int gemm(int type, const uint8_t* w, int64_t t0, int64_t t1, int64_t N, int64_t K, const int8_t* q,
          const float* d, const int16_t* s, const float* ds, int64_t M, float* out, int64_t ldo) {
     switch (type) {
-    case NQ_Q4_0: return gemm_type<NQ_Q4_0>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo);
-    case NQ_Q4_1: return gemm_type<NQ_Q4_1>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo);
-    case NQ_Q5_0: return gemm_type<NQ_Q5_0>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo);
-    case NQ_Q5_1: return gemm_type<NQ_Q5_1>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo);
-    case NQ_Q8_0: return gemm_type<NQ_Q8_0>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo);
-    case NQ_Q4_K: return gemm_type<NQ_Q4_K>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo);
-    case NQ_Q5_K: return gemm_type<NQ_Q5_K>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo);
-    case NQ_Q6_K: return gemm_type<NQ_Q6_K>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo);
-    case NQ_Q2_K: return gemm_type<NQ_Q2_K>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo);
-    case NQ_Q3_K: return gemm_type<NQ_Q3_K>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo);
-    case NQ_IQ4_NL: return gemm_type<NQ_IQ4_NL>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo);
-    case NQ_IQ4_XS: return gemm_type<NQ_IQ4_XS>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo);
-    case NQ_MXFP4: return gemm_type<NQ_MXFP4>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo);
+#define NQ_GEMM_CASE(T) case T: return gemm_type<T>(w, t0, t1, N, K, q, d, s, ds, M, out, ldo);
+        NQ_EACH_TYPE(NQ_GEMM_CASE)
+#undef NQ_GEMM_CASE
     }
     return -2;
 }
