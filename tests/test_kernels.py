@@ -198,9 +198,11 @@ def test_linear_mixes_types_adds_bias_and_gates(isa):
 
 
 @pytest.mark.parametrize("m", [1, 3, 17])  # 17: VNNI's two tiles at a time, cut where a run ends
-def test_threads_share_a_matmul_out_without_changing_a_bit(m):
-    """Two threads take a long matmul's tiles in runs that shrink near its end (guided), across the
-    parts' boundary: every output is the one thread's bit for bit, none left out or done twice."""
+@pytest.mark.parametrize("n_threads", [2, 3])
+def test_threads_share_a_matmul_out_without_changing_a_bit(m, n_threads):
+    """Threads each read a range of a long matmul's tiles, then take halves from the back of the
+    range with most left, across the parts' boundary: every output is the one thread's bit for
+    bit, none left out or done twice."""
     k, parts = 8960, [("Q4_K", 997), ("Q6_K", 539)]  # a 1.5B down_proj's width, runs of up to 32 tiles
     packed = [kernels.repack(kind, torch.from_numpy(random_blocks(kind, rows, k, seed=i)), k)
               for i, (kind, rows) in enumerate(parts)]
@@ -209,7 +211,7 @@ def test_threads_share_a_matmul_out_without_changing_a_bit(m):
     try:
         torch.set_num_threads(1)
         alone = kernels.linear(x, tiles, types, rows, None, isa)
-        torch.set_num_threads(2)
+        torch.set_num_threads(n_threads)
         shared = [kernels.linear(x, tiles, types, rows, None, isa) for _ in range(3)]
     finally:
         torch.set_num_threads(threads)

@@ -8,6 +8,8 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "ops.h"
@@ -159,12 +161,30 @@ void check_gemm(int status, int64_t M, int64_t K) {
     TORCH_CHECK(status == 0, "nexttok_q: a weight type the block kernels do not know");
 }
 
-// A run's weights at most. Each run starts a new stream from memory, which the prefetchers take a
-// while to follow: runs of 256 KiB decoded the 1.5B-shaped Q4_K_M file 4-5% slower than 1 MiB (Zen 4,
-// alternating rounds), and guided runs down to 32 KiB 9% slower.
+// A run's weights at most, and the least a thread takes from another's range (or one tile).
 constexpr int64_t CHUNK_BYTES = 1 << 20;
-// The least a run shrinks to near a matmul's end: GUIDED_LEAST bytes of weights (or one tile).
 constexpr int64_t GUIDED_LEAST = 256 << 10;
+
+// Tiles [lo, hi) of one thread's range, in one atomic word: its owner takes runs from the front,
+// a thread done with its own takes from the back.
+struct Range {
+    std::atomic<uint64_t> word{0};
+    static uint64_t pack(int64_t lo, int64_t hi) { return (uint64_t)lo << 32 | (uint64_t)hi; }
+    static int64_t lo(uint64_t w) { return (int64_t)(w >> 32); }
+    static int64_t hi(uint64_t w) { return (int64_t)(w & 0xffffffffu); }
+    // the next run [first, first + n) of at most `most` tiles (from the back: half what is left, at
+    // least `least`), or n = 0 once the range is empty
+    std::pair<int64_t, int64_t> take(bool front, int64_t most, int64_t least) {
+        uint64_t w = word.load();
+        for (;;) {
+            const int64_t l = lo(w), h = hi(w), left = h - l;
+            if (left <= 0) return {0, 0};
+            const int64_t n = front ? std::min(left, most) : std::min(left, std::max(least, left / 2));
+            if (word.compare_exchange_weak(w, front ? pack(l + n, h) : pack(l, h - n)))
+                return {front ? l : h - n, n};
+        }
+    }
+};
 
 void gemm_parts(const int8_t* qp, const float* dp, const int16_t* sp, const float* dsp, int64_t M, int64_t K,
                 at::TensorList weights, at::IntArrayRef types, at::IntArrayRef rows, int64_t isa, float* op) {
@@ -183,10 +203,6 @@ void gemm_parts(const int8_t* qp, const float* dp, const int16_t* sp, const floa
                           dp, sp, dsp, M, op + row0[i], N), M, K);
         }
     };
-    // The tiles in runs of at most `chunk` (CHUNK_BYTES, or 32 tile rows of activations), each
-    // thread taking the next run as it finishes one. With fixed halves the first thread done waited
-    // at every matmul's end for the other, which a slower core or a part of bigger tiles (a Q6_K v
-    // beside Q4_K q and k) held up. A tile is one thread's whichever takes it: the same bits.
     const int64_t threads = at::get_num_threads(), grain = std::max<int64_t>(1, 32 / std::max<int64_t>(1, M));
     const int64_t tile_bytes = weights[0].size(1), by_bytes = std::max<int64_t>(1, CHUNK_BYTES / tile_bytes);
     const int64_t chunk = std::max(grain, std::min(tiles / (8 * threads), by_bytes)), chunks = (tiles + chunk - 1) / chunk;
@@ -194,21 +210,27 @@ void gemm_parts(const int8_t* qp, const float* dp, const int16_t* sp, const floa
         run(0, tiles);
         return;
     }
-    // Guided: once a 2·threads-th of the tiles left is less than `chunk`, a run is that, down to
-    // GUIDED_LEAST. Fixed runs left the first thread done waiting for the other's last run, up to
-    // 1.9 MiB at a 1.5B down_proj (32 tiles of 8960 Q6_K values): ~2 ms of a 25 ms decode step
-    // (Zen 4). Guided, that step ran 1.031x (IQR 0.997-1.082) as fast over 60 alternating pairs, and
-    // Qwen2.5-0.5B's 1.034x; the default model's runs are under GUIDED_LEAST already (0.997x)
-    const int64_t least = std::max<int64_t>(1, std::min(chunk, GUIDED_LEAST / tile_bytes));
-    std::atomic<int64_t> taken{0};
-    at::parallel_for(0, std::min(threads, chunks), 1, [&](int64_t, int64_t) {
-        int64_t t0 = taken.load();
-        while (t0 < tiles) {
-            const int64_t left = tiles - t0, n = std::min(left, std::min(chunk, std::max(least, left / (2 * threads))));
-            if (taken.compare_exchange_weak(t0, t0 + n)) {
-                run(t0, t0 + n);
-                t0 = taken.load();
+    // Each thread reads a range of its own front to back, one stream from memory, in runs of at most
+    // `chunk`; then takes from the back of the range with most left, half of it (down to
+    // GUIDED_LEAST), so no thread waits long for another's last run. Before, the threads took the
+    // next run of one shared range in turn, each stream broken at every run: this decoded the
+    // 1.5B-shaped Q4_K_M file 1.04x as fast, the default model and Qwen2.5-0.5B 1.05x (Zen 4, 2
+    // threads, 16 alternating pairs). A tile is one thread's whichever takes it: the same bits.
+    const int64_t parts = std::min(threads, chunks), least = std::max<int64_t>(1, std::min(chunk, GUIDED_LEAST / tile_bytes));
+    std::vector<Range> ranges(parts);
+    for (int64_t i = 0; i < parts; i++) ranges[i].word.store(Range::pack(i * tiles / parts, (i + 1) * tiles / parts));
+    at::parallel_for(0, parts, 1, [&](int64_t me, int64_t) {
+        for (auto [t0, n] = ranges[me].take(true, chunk, least); n > 0; std::tie(t0, n) = ranges[me].take(true, chunk, least))
+            run(t0, t0 + n);
+        for (;;) {
+            int64_t most = 0, from = -1;
+            for (int64_t i = 0; i < parts; i++) {
+                const uint64_t w = ranges[i].word.load();
+                if (Range::hi(w) - Range::lo(w) > most) most = Range::hi(w) - Range::lo(w), from = i;
             }
+            if (from < 0) return;
+            const auto [t0, n] = ranges[from].take(false, chunk, least);
+            if (n > 0) run(t0, t0 + n);
         }
     });
 }
