@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
     }
     const int64_t tiles = N / NQ_TILE, tile_bytes = K / nq_block_elems(type) * nq_unit_bytes(type);
     std::mt19937 rng(1);
-    // on 2 MiB pages, as the extension holds weights (kernels.huge_pages)
+    // on 2 MiB pages, as the extension holds weights (kernels/slabs.py)
     const size_t bytes = tiles * tile_bytes, huge = 2u << 20, held = (bytes + huge - 1) / huge * huge;
     std::unique_ptr<uint8_t, decltype(&free)> weights((uint8_t*)aligned_alloc(huge, held), free);
     uint8_t* w = weights.get();

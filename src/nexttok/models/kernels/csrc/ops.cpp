@@ -172,6 +172,10 @@ struct Range {
     static uint64_t pack(int64_t lo, int64_t hi) { return (uint64_t)lo << 32 | (uint64_t)hi; }
     static int64_t lo(uint64_t w) { return (int64_t)(w >> 32); }
     static int64_t hi(uint64_t w) { return (int64_t)(w & 0xffffffffu); }
+    int64_t left() const {
+        const uint64_t w = word.load();
+        return hi(w) - lo(w);
+    }
     // the next run [first, first + n) of at most `most` tiles (from the back: half what is left, at
     // least `least`), or n = 0 once the range is empty
     std::pair<int64_t, int64_t> take(bool front, int64_t most, int64_t least) {
@@ -224,10 +228,8 @@ void gemm_parts(const int8_t* qp, const float* dp, const int16_t* sp, const floa
             run(t0, t0 + n);
         for (;;) {
             int64_t most = 0, from = -1;
-            for (int64_t i = 0; i < parts; i++) {
-                const uint64_t w = ranges[i].word.load();
-                if (Range::hi(w) - Range::lo(w) > most) most = Range::hi(w) - Range::lo(w), from = i;
-            }
+            for (int64_t i = 0; i < parts; i++)
+                if (const int64_t left = ranges[i].left(); left > most) most = left, from = i;
             if (from < 0) return;
             const auto [t0, n] = ranges[from].take(false, chunk, least);
             if (n > 0) run(t0, t0 + n);

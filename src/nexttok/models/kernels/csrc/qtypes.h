@@ -40,15 +40,15 @@ enum {
     NQ_Q4_K = 12, NQ_Q5_K = 13, NQ_Q6_K = 14, NQ_IQ4_NL = 20, NQ_IQ4_XS = 23, NQ_MXFP4 = 39,
 };
 enum { NQ_TILE = 8 };
-// Every type above as X(type), for the switches that pick a type's template (gemm, repack).
+// Every type above as X(type), for the switches that pick a type's template (gemm, repack) and nq_known.
 #define NQ_EACH_TYPE(X)                                                                                  \
     X(NQ_Q4_0) X(NQ_Q4_1) X(NQ_Q5_0) X(NQ_Q5_1) X(NQ_Q8_0) X(NQ_Q2_K) X(NQ_Q3_K) X(NQ_Q4_K) X(NQ_Q5_K)  \
     X(NQ_Q6_K) X(NQ_IQ4_NL) X(NQ_IQ4_XS) X(NQ_MXFP4)
 
 static inline constexpr bool nq_known(int type) {
-    return type == NQ_Q4_0 || type == NQ_Q4_1 || type == NQ_Q5_0 || type == NQ_Q5_1 || type == NQ_Q8_0 ||
-           type == NQ_Q2_K || type == NQ_Q3_K || type == NQ_Q4_K || type == NQ_Q5_K || type == NQ_Q6_K ||
-           type == NQ_IQ4_NL || type == NQ_IQ4_XS || type == NQ_MXFP4;
+#define NQ_IS_TYPE(T) type == T ||
+    return NQ_EACH_TYPE(NQ_IS_TYPE) false;
+#undef NQ_IS_TYPE
 }
 static inline constexpr int nq_block_elems(int type) {
     return type == NQ_Q2_K || type == NQ_Q3_K || type == NQ_Q4_K || type == NQ_Q5_K || type == NQ_Q6_K ||
