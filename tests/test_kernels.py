@@ -93,7 +93,9 @@ def test_every_isa_quantizes_to_the_reference_bits(isa, m, k, mode):
                                                      (portable.q, portable.d, portable.s, portable.ds), strict=True))
 
 
-SHAPES = [(8, 256), (13, 512), (1, 256), (21, 768)]  # rows (some not a multiple of the 8-row tile), k
+# rows (some not a multiple of the 8-row tile), k; 100 x 5376: long rows (csrc/qtypes.h), 13 tiles in
+# a whole group and a group of one, each row in 3 pieces
+SHAPES = [(8, 256), (13, 512), (1, 256), (21, 768), (100, 5376)]
 
 
 @pytest.mark.parametrize("kind", list(kernels.BLOCKS))
@@ -126,15 +128,16 @@ def test_product_equals_dequantized_weight_times_8_bit_activation(isa, kind, row
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("kind", list(kernels.BLOCKS))
-def test_a_row_gets_the_same_bits_whatever_the_row_count(isa, kind):
+@pytest.mark.parametrize(("rows", "k"), [(24, 512), (200, 5376)])  # 5376: long rows, one row a piece at a time
+def test_a_row_gets_the_same_bits_whatever_the_row_count(isa, kind, rows, k):
     """What keeps a GGUF model batch invariant in the server (quant.rows_independent): the 8-, 4- and
     fewer-row steps sum each row's products in one order, bit for bit."""
-    raw = random_blocks(kind, 24, 512, seed=7)
-    weight = kernels.repack(kind, torch.from_numpy(raw), 512)
-    x = torch.randn(19, 512, generator=torch.Generator().manual_seed(3))
+    raw = random_blocks(kind, rows, k, seed=7)
+    weight = kernels.repack(kind, torch.from_numpy(raw), k)
+    x = torch.randn(19, k, generator=torch.Generator().manual_seed(3))
 
-    def product(rows: torch.Tensor) -> torch.Tensor:
-        return kernels.mm(kernels.quantize(rows, isa), [weight.tiles], [weight.type_id], [24], isa)
+    def product(part: torch.Tensor) -> torch.Tensor:
+        return kernels.mm(kernels.quantize(part, isa), [weight.tiles], [weight.type_id], [rows], isa)
 
     alone = torch.cat([product(x[i:i + 1]) for i in range(19)])
     for count in (2, 3, 4, 5, 8, 9, 12, 16, 19):

@@ -26,7 +26,7 @@ needs_kernels = pytest.mark.skipif(not kernels.available(), reason="no C++ compi
 def _experts(kind: str, e: int, rows: int, k: int, seed: int) -> tuple[kernels.Tiled, torch.Tensor]:
     """E experts of `rows` rows each, stacked as a GGUF 3-D tensor's rows: tiled, and their values."""
     raw = random_blocks(kind, e * rows, k, seed=seed)
-    return kernels.repack(kind, torch.from_numpy(raw), k), reference(kind, raw).view(e, rows, k)
+    return kernels.repack(kind, torch.from_numpy(raw), k, matrices=e), reference(kind, raw).view(e, rows, k)
 
 
 @needs_kernels
@@ -65,9 +65,15 @@ def test_moe_mlp_errors_are_one_line():
         with pytest.raises(RuntimeError, match=message) as error:
             kernels.moe_mlp(x, torch.tensor(ids), torch.ones(1, 1), [gate, gate], [down], 2, 0)
         assert "\n" not in str(error.value).split("\n\n")[0]
-    odd, _ = _experts("Q8_0", 2, 6, 64, 0)
+    with pytest.raises(ValueError, match="12 rows are not 2 matrices of whole tiles of 8"):
+        _experts("Q8_0", 2, 6, 64, 0)
+    raw = torch.from_numpy(random_blocks("Q8_0", 12, 64, seed=0))
+    odd = kernels.Tiled("Q8_0", kernels.repack("Q8_0", raw, 64).tiles, 12, 64, matrices=2)
     with pytest.raises(RuntimeError, match="must be whole tiles of 8"):
         kernels.moe_mlp(x, torch.tensor([[0]]), torch.ones(1, 1), [odd, odd], [down], 2, 0)
+    whole = kernels.repack("Q8_0", torch.from_numpy(random_blocks("Q8_0", 64, 64, seed=0)), 64)  # one matrix
+    with pytest.raises(ValueError, match=r"repacked as 2 matrices \(kernels.repack\(..., matrices=2\)\), not \[1, 1\]"):
+        kernels.moe_mlp(x, torch.tensor([[0]]), torch.ones(1, 1), [whole, whole], [down], 2, 0)
 
 
 @needs_kernels

@@ -41,6 +41,7 @@ class BlockLinear(nn.Module):
         self.kinds = [p.kind for p in parts]
         self.types = [p.type_id for p in parts]
         self.part_rows = [p.rows for p in parts]
+        self.matrices = [p.matrices for p in parts]  # a mixture's stacked experts: as many as experts
         for i, p in enumerate(parts):
             self.register_buffer(f"tiles{i}", p.tiles)
         self.out_features = sum(self.part_rows)
@@ -50,8 +51,8 @@ class BlockLinear(nn.Module):
 
     @property
     def parts(self) -> list[kernels.Tiled]:
-        return [kernels.Tiled(kind, getattr(self, f"tiles{i}"), rows, self.in_features)
-                for i, (kind, rows) in enumerate(zip(self.kinds, self.part_rows, strict=True))]
+        return [kernels.Tiled(kind, getattr(self, f"tiles{i}"), rows, self.in_features, matrices)
+                for i, (kind, rows, matrices) in enumerate(zip(self.kinds, self.part_rows, self.matrices, strict=True))]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tiles = [getattr(self, f"tiles{i}") for i in range(len(self.types))]

@@ -170,10 +170,11 @@ def _embedding_table(model: nn.Module, tensors: dict[str, GGUFTensor]) -> tuple[
     return name, module, key
 
 
-def _tiled(parts: list[GGUFTensor], k: int) -> list[kernels.Tiled]:
+def _tiled(parts: list[GGUFTensor], k: int, matrices: int = 1) -> list[kernels.Tiled]:
     """The parts' block rows repacked into the kernels' tiles, neighbours of one kind joined (one
-    run of rows for the kernel instead of several). The file's pages are given back as they are
-    read, so a weight is never in memory twice (a lone part is read straight from the mapping)."""
+    run of rows for the kernel instead of several; matrices: a lone part's experts, each laid out
+    alone). The file's pages are given back as they are read, so a weight is never in memory twice
+    (a lone part is read straight from the mapping)."""
     runs: list[list[GGUFTensor]] = []
     for p in parts:
         if runs and runs[-1][0].kind == p.kind:
@@ -191,7 +192,7 @@ def _tiled(parts: list[GGUFTensor], k: int) -> list[kernels.Tiled]:
             raw, done = torch.from_numpy(np.concatenate(rows)), None
             for p in run:
                 p.release()
-        tiled.append(kernels.repack(run[0].kind, raw, k, done=done))
+        tiled.append(kernels.repack(run[0].kind, raw, k, done=done, matrices=matrices))
     return tiled
 
 
@@ -218,8 +219,8 @@ def _experts(model: nn.Module, tensors: dict[str, GGUFTensor], name: str, module
     blocks = isa is not None and all(fits(t.kind, t.shape[-1]) for t in parts.values()) and inner % kernels.TILE == 0 \
         and hidden % kernels.TILE == 0 and not fused and module.activation[0] in BlockExperts.MODES
     if blocks:
-        gate_up = [_tiled([parts[p]], hidden)[0] for p in ("gate_proj", "up_proj")]  # each expert's rows in place
-        (down,) = _tiled([parts["down_proj"]], inner)
+        gate_up = [_tiled([parts[p]], hidden, e)[0] for p in ("gate_proj", "up_proj")]  # each expert's rows in place
+        (down,) = _tiled([parts["down_proj"]], inner, e)
         return BlockExperts(gate_up, [down], e, isa, module.activation, gate_up_bias, down_bias)
     module.gate_up_proj = nn.Parameter(torch.cat([_dense(parts[p], floats, device) for p in names[:-1]], dim=1),
                                        requires_grad=False)  # (E, 2 inner, hidden)

@@ -162,12 +162,14 @@ class Activations:
 
 @dataclass(frozen=True)
 class Tiled:
-    """A weight of `rows` rows of `k` values of one block type, repacked in tiles of 8 rows."""
+    """A weight of `rows` rows of `k` values of one block type, repacked in tiles of 8 rows: one
+    matrix, or `matrices` of rows / matrices rows each (a mixture's experts), each repacked alone."""
 
     kind: str
     tiles: torch.Tensor  # ((rows + 7) // 8, bytes per tile) uint8
     rows: int
     k: int
+    matrices: int = 1
 
     @property
     def type_id(self) -> int:
@@ -175,26 +177,32 @@ class Tiled:
 
 
 def repack(kind: str, raw: torch.Tensor, k: int, done: Callable[[int, int], None] | None = None,
-           chunk_bytes: int = 1 << 24) -> Tiled:
+           chunk_bytes: int = 1 << 24, matrices: int = 1) -> Tiled:
     """raw (rows, bytes per row) uint8, the file's blocks -> Tiled, about chunk_bytes of the file
     at a time; done(first, stop) is told each run of rows finished (the loader then lets go of the
-    file's pages of those rows: a weight never sits in memory twice)."""
-    type_id = BLOCKS[kind][0]
-    rows = raw.shape[0]
-    shape = ((rows + TILE - 1) // TILE, load().tile_bytes(type_id, k))
+    file's pages of those rows: a weight never sits in memory twice). matrices > 1: the rows are
+    that many matrices (experts) of whole tiles, one after another, each laid out alone."""
+    type_id, rows = BLOCKS[kind][0], raw.shape[0]
+    if matrices < 1 or rows % matrices or (matrices > 1 and rows // matrices % TILE):
+        raise ValueError(f"{rows} rows are not {matrices} matrices of whole tiles of {TILE}")
+    module, each = load(), rows // matrices
+    shape = (matrices * ((each + TILE - 1) // TILE), module.tile_bytes(type_id, k))
     tiles = tile_memory(shape[0] * shape[1]).view(shape)  # on 2 MiB pages, faulted in as the repack writes
-    step = max(TILE, chunk_bytes // max(1, raw.shape[1]) // TILE * TILE)
-    for first in range(0, rows, step):
-        stop = min(rows, first + step)
-        torch.ops.nexttok_q.repack_into(raw[first:stop], type_id, k, tiles[first // TILE:(stop + TILE - 1) // TILE])
-        if done is not None:
-            done(first, stop)
-    return Tiled(kind, tiles, rows, k)
+    # runs of whole groups of tiles (long rows keep theirs piece by piece: csrc/qtypes.h) within a matrix
+    whole = TILE * module.GROUP
+    step = max(whole, chunk_bytes // max(1, raw.shape[1]) // whole * whole)
+    for start in range(0, rows, max(1, each)):  # each matrix
+        for first in range(start, start + each, step):
+            stop = min(start + each, first + step)
+            torch.ops.nexttok_q.repack_into(raw[first:stop], type_id, k, tiles[first // TILE:(stop + TILE - 1) // TILE])
+            if done is not None:
+                done(first, stop)
+    return Tiled(kind, tiles, rows, k, matrices)
 
 
 def unpack(weight: Tiled, rows: torch.Tensor) -> torch.Tensor:
     """Rows (n,) of a tiled weight as the file's own bytes (n, bytes per row)."""
-    return torch.ops.nexttok_q.unpack(weight.tiles, weight.type_id, weight.rows, rows, weight.k)
+    return torch.ops.nexttok_q.unpack(weight.tiles, weight.type_id, weight.rows, rows, weight.k, weight.matrices)
 
 
 def quantize(x: torch.Tensor, isa: int, mode: int = PLAIN) -> Activations:
@@ -258,6 +266,9 @@ def moe_mlp(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_up: 
     hold n_experts × [gate | up] rows (each part E × its rows), down's n_experts × H rows; act:
     SILU_MUL, or SWIGLU_OAI (gpt-oss: gate clamped above at limit, up to ±limit, gate·σ(alpha·gate)·(up + 1))."""
     def parts(tiled: list[Tiled]) -> tuple[list[torch.Tensor], list[int], list[int]]:
+        if any(p.matrices != n_experts for p in tiled):  # each expert's tiles are laid out alone
+            raise ValueError(f"moe_mlp: expert weights must be repacked as {n_experts} matrices "
+                             f"(kernels.repack(..., matrices={n_experts})), not {[p.matrices for p in tiled]}")
         return [p.tiles for p in tiled], [p.type_id for p in tiled], [p.rows // n_experts for p in tiled]
 
     return torch.ops.nexttok_q.moe_mlp(x, ids, weights, *parts(gate_up), *parts(down), n_experts, gate_up_bias,
@@ -266,7 +277,7 @@ def moe_mlp(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_up: 
 
 def dequantize(weight: Tiled, rows: torch.Tensor) -> torch.Tensor:
     """Rows (n,) of a tiled weight as float32 (n, k): exactly the file's values."""
-    return torch.ops.nexttok_q.dequantize(weight.tiles, weight.type_id, weight.rows, rows, weight.k)
+    return torch.ops.nexttok_q.dequantize(weight.tiles, weight.type_id, weight.rows, rows, weight.k, weight.matrices)
 
 
 def _register_fakes() -> None:
@@ -311,5 +322,5 @@ def _register_fakes() -> None:
         return q.new_empty((q.shape[0], 1, q.shape[1], q.shape[3])).transpose(1, 2)
 
     @torch.library.register_fake("nexttok_q::dequantize")
-    def _(w, type_id, n, rows, k):
+    def _(w, type_id, n, rows, k, matrices=1):
         return w.new_empty((rows.numel(), k), dtype=torch.float32)

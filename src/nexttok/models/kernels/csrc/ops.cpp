@@ -17,8 +17,8 @@
 
 namespace nq_generic {
 void repack(int type, const uint8_t* raw, int64_t N, int64_t K, uint8_t* out);
-void unpack_rows(int type, const uint8_t* w, int64_t K, const int64_t* rows, int64_t n, uint8_t* out);
-void dequantize_rows(int type, const uint8_t* w, int64_t K, const int64_t* rows, int64_t n, float* out);
+void unpack_rows(int type, const uint8_t* w, int64_t N, int64_t K, const int64_t* rows, int64_t n, uint8_t* out);
+void dequantize_rows(int type, const uint8_t* w, int64_t N, int64_t K, const int64_t* rows, int64_t n, float* out);
 }
 
 namespace nq_ops {
@@ -132,13 +132,20 @@ at::Tensor row_index(const at::Tensor& rows, int64_t N, const char* op) {
     return idx;
 }
 
+// The rows of one matrix of a weight of N rows stacked as `matrices` (experts) of whole tiles each.
+int64_t matrix_rows(int64_t N, int64_t matrices, const char* op) {
+    TORCH_CHECK(matrices >= 1 && N % matrices == 0 && (matrices == 1 || N / matrices % NQ_TILE == 0), "nexttok_q.", op,
+                ": ", N, " rows are not ", matrices, " matrices of whole tiles of ", NQ_TILE);
+    return N / matrices;
+}
+
 // Rows of tiles back as the file's bytes (n, bytes per row).
-at::Tensor unpack(const at::Tensor& w, int64_t type, int64_t N, const at::Tensor& rows, int64_t K) {
+at::Tensor unpack(const at::Tensor& w, int64_t type, int64_t N, const at::Tensor& rows, int64_t K, int64_t matrices) {
     check_packed(w, type, N, K, "unpack");
     auto idx = row_index(rows, N, "unpack");
     auto out = at::empty({idx.numel(), K / nq_block_elems((int)type) * nq_block_bytes((int)type)}, w.options());
-    nq_generic::unpack_rows((int)type, w.data_ptr<uint8_t>(), K, idx.data_ptr<int64_t>(), idx.numel(),
-                            out.data_ptr<uint8_t>());
+    nq_generic::unpack_rows((int)type, w.data_ptr<uint8_t>(), matrix_rows(N, matrices, "unpack"), K,
+                            idx.data_ptr<int64_t>(), idx.numel(), out.data_ptr<uint8_t>());
     return out;
 }
 
@@ -161,12 +168,12 @@ void check_gemm(int status, int64_t M, int64_t K) {
     TORCH_CHECK(status == 0, "nexttok_q: a weight type the block kernels do not know");
 }
 
-// A run's weights at most, and the least a thread takes from another's range (or one tile).
+// A run's weights at most, and the least a thread takes from another's range (or one span).
 constexpr int64_t CHUNK_BYTES = 1 << 20;
 constexpr int64_t GUIDED_LEAST = 256 << 10;
 
-// Tiles [lo, hi) of one thread's range, in one atomic word: its owner takes runs from the front,
-// a thread done with its own takes from the back.
+// Spans (of tiles) [lo, hi) of one thread's range, in one atomic word: its owner takes runs from the
+// front, a thread done with its own takes from the back.
 struct Range {
     std::atomic<uint64_t> word{0};
     static uint64_t pack(int64_t lo, int64_t hi) { return (uint64_t)lo << 32 | (uint64_t)hi; }
@@ -176,7 +183,7 @@ struct Range {
         const uint64_t w = word.load();
         return hi(w) - lo(w);
     }
-    // the next run [first, first + n) of at most `most` tiles (from the back: half what is left, at
+    // the next run [first, first + n) of at most `most` spans (from the back: half what is left, at
     // least `least`), or n = 0 once the range is empty
     std::pair<int64_t, int64_t> take(bool front, int64_t most, int64_t least) {
         uint64_t w = word.load();
@@ -207,9 +214,13 @@ void gemm_parts(const int8_t* qp, const float* dp, const int16_t* sp, const floa
                           dp, sp, dsp, M, op + row0[i], N), M, K);
         }
     };
-    const int64_t threads = at::get_num_threads(), grain = std::max<int64_t>(1, 32 / std::max<int64_t>(1, M));
-    const int64_t tile_bytes = weights[0].size(1), by_bytes = std::max<int64_t>(1, CHUNK_BYTES / tile_bytes);
-    const int64_t chunk = std::max(grain, std::min(tiles / (8 * threads), by_bytes)), chunks = (tiles + chunk - 1) / chunk;
+    // The work in spans of tiles: one row times long rows (qtypes.h), whole groups of them, so that no
+    // two threads read pieces of one group; else single tiles.
+    const int64_t span = M == 1 && nq_pieces(K) > 1 ? NQ_GROUP : 1, spans = (tiles + span - 1) / span;
+    const auto run_spans = [&](int64_t a, int64_t b) { run(a * span, std::min(b * span, tiles)); };
+    const int64_t threads = at::get_num_threads(), grain = std::max<int64_t>(1, 32 / std::max<int64_t>(1, M) / span);
+    const int64_t span_bytes = weights[0].size(1) * span, by_bytes = std::max<int64_t>(1, CHUNK_BYTES / span_bytes);
+    const int64_t chunk = std::max(grain, std::min(spans / (8 * threads), by_bytes)), chunks = (spans + chunk - 1) / chunk;
     if (threads == 1 || chunks == 1 || at::in_parallel_region()) {
         run(0, tiles);
         return;
@@ -220,19 +231,19 @@ void gemm_parts(const int8_t* qp, const float* dp, const int16_t* sp, const floa
     // next run of one shared range in turn, each stream broken at every run: this decoded the
     // 1.5B-shaped Q4_K_M file 1.04x as fast, the default model and Qwen2.5-0.5B 1.05x (Zen 4, 2
     // threads, 16 alternating pairs). A tile is one thread's whichever takes it: the same bits.
-    const int64_t parts = std::min(threads, chunks), least = std::max<int64_t>(1, std::min(chunk, GUIDED_LEAST / tile_bytes));
+    const int64_t parts = std::min(threads, chunks), least = std::max<int64_t>(1, std::min(chunk, GUIDED_LEAST / span_bytes));
     std::vector<Range> ranges(parts);
-    for (int64_t i = 0; i < parts; i++) ranges[i].word.store(Range::pack(i * tiles / parts, (i + 1) * tiles / parts));
+    for (int64_t i = 0; i < parts; i++) ranges[i].word.store(Range::pack(i * spans / parts, (i + 1) * spans / parts));
     at::parallel_for(0, parts, 1, [&](int64_t me, int64_t) {
         for (auto [t0, n] = ranges[me].take(true, chunk, least); n > 0; std::tie(t0, n) = ranges[me].take(true, chunk, least))
-            run(t0, t0 + n);
+            run_spans(t0, t0 + n);
         for (;;) {
             int64_t most = 0, from = -1;
             for (int64_t i = 0; i < parts; i++)
                 if (const int64_t left = ranges[i].left(); left > most) most = left, from = i;
             if (from < 0) return;
             const auto [t0, n] = ranges[from].take(false, chunk, least);
-            if (n > 0) run(t0, t0 + n);
+            if (n > 0) run_spans(t0, t0 + n);
         }
     });
 }
@@ -585,15 +596,17 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
     return out;
 }
 
-at::Tensor dequantize(const at::Tensor& w, int64_t type, int64_t N, const at::Tensor& rows, int64_t K) {
+at::Tensor dequantize(const at::Tensor& w, int64_t type, int64_t N, const at::Tensor& rows, int64_t K,
+                      int64_t matrices) {
     check_packed(w, type, N, K, "dequantize");
     auto idx = row_index(rows, N, "dequantize");
+    const int64_t rows_each = matrix_rows(N, matrices, "dequantize");
     const int64_t n = idx.numel();
     const int64_t* ip = idx.data_ptr<int64_t>();
     auto out = at::empty({n, K}, w.options().dtype(at::kFloat));
     float* op = out.data_ptr<float>();
     at::parallel_for(0, n, 64, [&](int64_t i0, int64_t i1) {
-        nq_generic::dequantize_rows((int)type, w.data_ptr<uint8_t>(), K, ip + i0, i1 - i0, op + i0 * K);
+        nq_generic::dequantize_rows((int)type, w.data_ptr<uint8_t>(), rows_each, K, ip + i0, i1 - i0, op + i0 * K);
     });
     return out;
 }
@@ -618,8 +631,8 @@ TORCH_LIBRARY(nexttok_q, m) {
     m.def("mm(Tensor q, Tensor d, Tensor s, Tensor ds, Tensor[] weights, int[] types, int[] rows, int isa) -> Tensor");
     m.def("repack(Tensor raw, int type, int k) -> Tensor");
     m.def("repack_into(Tensor raw, int type, int k, Tensor(a!) out) -> ()");
-    m.def("unpack(Tensor w, int type, int n, Tensor rows, int k) -> Tensor");
-    m.def("dequantize(Tensor w, int type, int n, Tensor rows, int k) -> Tensor");
+    m.def("unpack(Tensor w, int type, int n, Tensor rows, int k, int matrices=1) -> Tensor");
+    m.def("dequantize(Tensor w, int type, int n, Tensor rows, int k, int matrices=1) -> Tensor");
     m.def("linear(Tensor x, Tensor[] weights, int[] types, int[] rows, Tensor? bias, int mode, int isa) -> Tensor");
     m.def("moe_mlp(Tensor x, Tensor ids, Tensor weights, Tensor[] gate_up, int[] gate_up_types, int[] gate_up_rows, "
           "Tensor[] down, int[] down_types, int[] down_rows, int n_experts, Tensor? gate_up_bias, Tensor? down_bias, "
@@ -648,6 +661,7 @@ TORCH_LIBRARY_IMPL(nexttok_q, CPU, m) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
     module.def("features", &features, "bit 0: AVX2+FMA; bit 1: AVX-512 VNNI");
     module.def("tile_bytes", &tile_bytes, "bytes of one tile of 8 rows of K values of a type (qtypes.h)");
+    module.attr("GROUP") = (int64_t)NQ_GROUP;  // tiles per group where rows are long (qtypes.h)
     // the eager path calls these directly: a pybind call costs ~1 us less than torch.ops' dispatch
     module.def("linear", [](const at::Tensor& x, const std::vector<at::Tensor>& weights, const std::vector<int64_t>& types,
                             const std::vector<int64_t>& rows, const std::optional<at::Tensor>& bias, int64_t mode,

@@ -40,8 +40,10 @@ int64_t check_parts(at::TensorList weights, at::IntArrayRef types, at::IntArrayR
 // out (M, N, ldo N) = x · Wᵀ over the parts' tiles, threads splitting the tiles.
 void gemm_parts(const int8_t* qp, const float* dp, const int16_t* sp, const float* dsp, int64_t M, int64_t K,
                 at::TensorList weights, at::IntArrayRef types, at::IntArrayRef rows, int64_t isa, float* op);
-// Rows of a tiled weight (type, N rows of K values) as float32 (n, K): torch.ops.nexttok_q.dequantize.
-at::Tensor dequantize(const at::Tensor& w, int64_t type, int64_t N, const at::Tensor& rows, int64_t K);
+// Rows of a tiled weight (type, N rows of K values, stacked as `matrices` of N / matrices rows each)
+// as float32 (n, K): torch.ops.nexttok_q.dequantize.
+at::Tensor dequantize(const at::Tensor& w, int64_t type, int64_t N, const at::Tensor& rows, int64_t K,
+                      int64_t matrices = 1);
 // One row of RMSNorm: o = (w + add) · (r / sqrt(mean(r²) + eps)).
 inline void rms_norm_row(const float* r, const float* w, int64_t K, float eps, float add, float* o) {
     float ss = 0;

@@ -180,23 +180,29 @@ void codes_to_unit(const uint8_t* blk, int j, uint8_t* p, int r) {
     }
 }
 
-// Tiles t0..t1 of a weight from the file's blocks, the type a constant, so that the element loop's
+// Unit b of row n's tile in a matrix of N rows (qtypes.h), from w, the matrix's first tile.
+template <typename Byte>
+Byte* unit_of(Byte* w, int type, int64_t N, int64_t K, int64_t n, int64_t b) {
+    const int64_t units = K / nq_block_elems(type);
+    return w + nq_unit_at(n / NQ_TILE, b, (N + NQ_TILE - 1) / NQ_TILE, units, nq_pieces(K), nq_unit_bytes(type));
+}
+
+// Tile t of a weight from the file's blocks, the type a constant, so that the element loop's
 // layout switches fold away (a switch per element made loading the default model's 135M values
 // take 0.67 s).
 template <int TYPE>
-void repack_tiles(const uint8_t* raw, int64_t N, int64_t K, uint8_t* out, int64_t t0, int64_t t1) {
+void repack_tile(const uint8_t* raw, int64_t N, int64_t K, uint8_t* out, int64_t t) {
     constexpr int type = TYPE;
     const int64_t units = K / nq_block_elems(type), row_bytes = units * nq_block_bytes(type);
-    constexpr int64_t ub = nq_unit_bytes(type);
     const FileLayout f = file_layout(type);
     constexpr int gpu = nq_block_elems(type) / 32;
     const int hb = header_bytes(type);
-    memset(out + t0 * units * ub, 0, (t1 - t0) * units * ub);
-    for (int64_t n = t0 * NQ_TILE; n < N && n < t1 * NQ_TILE; n++) {
+    for (int64_t b = 0; b < units; b++) memset(unit_of(out, type, N, K, t * NQ_TILE, b), 0, nq_unit_bytes(type));
+    for (int64_t n = t * NQ_TILE; n < N && n < (t + 1) * NQ_TILE; n++) {
         const int r = (int)(n % NQ_TILE);
         for (int64_t b = 0; b < units; b++) {
             const uint8_t* blk = raw + n * row_bytes + b * nq_block_bytes(type);
-            uint8_t* unit = out + (n / NQ_TILE * units + b) * ub;
+            uint8_t* unit = unit_of(out, type, N, K, n, b);
             memcpy(unit + hb * r, blk + f.d, hb);
             if (f.second >= 0) memcpy(unit + 16 + 2 * r, blk + f.second, 2);
             for (int j = 0; j < gpu; j++) {
@@ -208,33 +214,43 @@ void repack_tiles(const uint8_t* raw, int64_t N, int64_t K, uint8_t* out, int64_
     }
 }
 
+// The matrix of N rows (of those stacked one after another from w) that holds row `row`, and the
+// row's place in it.
+const uint8_t* matrix_of(const uint8_t* w, int type, int64_t N, int64_t K, int64_t* row) {
+    const int64_t m = *row / N, tiles = (N + NQ_TILE - 1) / NQ_TILE;
+    *row %= N;
+    return w + m * tiles * (K / nq_block_elems(type)) * nq_unit_bytes(type);
+}
+
 }  // namespace
 
-// raw (N, bytes per row) file blocks -> tiles of 8 rows (zero rows past N), the tiles shared out
-// among the threads.
+// raw (N, bytes per row) file blocks -> a matrix of N rows in tiles of 8 rows (zero rows past N),
+// the tiles shared out among the threads.
 void repack(int type, const uint8_t* raw, int64_t N, int64_t K, uint8_t* out) {
     const int64_t tiles = (N + NQ_TILE - 1) / NQ_TILE;
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < tiles; t++) {
         switch (type) {
-#define NQ_REPACK_CASE(T) case T: repack_tiles<T>(raw, N, K, out, t, t + 1); break;
+#define NQ_REPACK_CASE(T) case T: repack_tile<T>(raw, N, K, out, t); break;
         NQ_EACH_TYPE(NQ_REPACK_CASE)
 #undef NQ_REPACK_CASE
         }
     }
 }
 
-// Tiles back to the file's own bytes for rows (n,): exactly what repack was given.
-void unpack_rows(int type, const uint8_t* w, int64_t K, const int64_t* rows, int64_t n, uint8_t* out) {
+// Tiles back to the file's own bytes for rows (n,) of matrices of N rows each: exactly what repack
+// was given.
+void unpack_rows(int type, const uint8_t* w, int64_t N, int64_t K, const int64_t* rows, int64_t n, uint8_t* out) {
     const int64_t units = K / nq_block_elems(type), row_bytes = units * nq_block_bytes(type);
-    const int64_t ub = nq_unit_bytes(type);
     const FileLayout f = file_layout(type);
     const int gpu = nq_block_elems(type) / 32, hb = header_bytes(type);
     memset(out, 0, n * row_bytes);
     for (int64_t i = 0; i < n; i++) {
-        const int r = (int)(rows[i] % NQ_TILE);
+        int64_t row = rows[i];
+        const uint8_t* matrix = matrix_of(w, type, N, K, &row);
+        const int r = (int)(row % NQ_TILE);
         for (int64_t b = 0; b < units; b++) {
-            const uint8_t* unit = w + (rows[i] / NQ_TILE * units + b) * ub;
+            const uint8_t* unit = unit_of(matrix, type, N, K, row, b);
             uint8_t* blk = out + i * row_bytes + b * nq_block_bytes(type);
             memcpy(blk + f.d, unit + hb * r, hb);
             if (f.second >= 0) memcpy(blk + f.second, unit + 16 + 2 * r, 2);
@@ -250,15 +266,17 @@ void unpack_rows(int type, const uint8_t* w, int64_t K, const int64_t* rows, int
     }
 }
 
-// Rows (n,) of a repacked weight as floats: out[i·K + k].
-void dequantize_rows(int type, const uint8_t* w, int64_t K, const int64_t* rows, int64_t n, float* out) {
-    const int64_t units = K / nq_block_elems(type), ub = nq_unit_bytes(type);
+// Rows (n,) of a repacked weight (matrices of N rows each) as floats: out[i·K + k].
+void dequantize_rows(int type, const uint8_t* w, int64_t N, int64_t K, const int64_t* rows, int64_t n, float* out) {
+    const int64_t units = K / nq_block_elems(type);
     const int gpu = nq_block_elems(type) / 32;
     for (int64_t i = 0; i < n; i++) {
-        const int r = (int)(rows[i] % NQ_TILE);
+        int64_t row = rows[i];
+        const uint8_t* matrix = matrix_of(w, type, N, K, &row);
+        const int r = (int)(row % NQ_TILE);
         float* o = out + i * K;
         for (int64_t b = 0; b < units; b++) {
-            const uint8_t* unit = w + (rows[i] / NQ_TILE * units + b) * ub;
+            const uint8_t* unit = unit_of(matrix, type, N, K, row, b);
             for (int j = 0; j < gpu; j++)
                 for (int e = 0; e < 32; e++) *o++ = unit_float(type, unit, r, j, e);
         }

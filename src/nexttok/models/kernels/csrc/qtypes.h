@@ -85,6 +85,40 @@ static inline constexpr int nq_unit_bytes(int type) {  // one file block of 8 ro
     return nq_header(type) + nq_block_elems(type) / 32 * (nq_group_scales(type) + nq_planes(type));
 }
 
+// Where a weight's units lie. A weight is a matrix of N rows (stacked experts: each expert's rows
+// one such matrix, one after another), T = (N + 7) / 8 tiles of `units` units each. Rows of up to
+// NQ_LONG_ROW values: tile t's units one after another, from t·units·unit bytes. Longer rows are read
+// in pieces of about NQ_PIECE values (units start(p) .. start(p + 1) - 1, nq_piece_start), and their
+// tiles are kept in groups of NQ_GROUP tiles (the last group fewer), each group piece by piece: piece 0
+// of each of its tiles, then piece 1 of each, and so on. A one-row product then reads one piece of a
+// group's tiles in turn while that piece of the activation row stays in L1: whole tiles of 8 rows of
+// 8960 Q4_K values are 40 KiB each, which pushed the row out before the next tile read it. Short rows
+// are the one piece of the same formula, and a group's bytes are its rows' alone, repacked as a matrix
+// of their own: a weight may be repacked a run of whole groups at a time. Rows of 3584 and 4864
+// values read no faster in pieces (bench/kernels_ab.py, one row from memory), while products of
+// several rows read a tile's pieces a few per cent slower than its units in one run: rows stay whole
+// up to 5120 values, which keeps the 4096-value rows of 7-8B models' q/k/v and gate/up as they were.
+enum { NQ_GROUP = 12 };
+static constexpr int64_t NQ_LONG_ROW = 5120, NQ_PIECE = 2048;
+
+static inline constexpr int64_t nq_pieces(int64_t K) { return K > NQ_LONG_ROW ? (K + NQ_PIECE - 1) / NQ_PIECE : 1; }
+static inline constexpr int64_t nq_piece_start(int64_t units, int64_t pieces, int64_t p) { return units * p / pieces; }
+
+// The byte offset of piece p of tile t (of T), its units one after another from there.
+static inline constexpr int64_t nq_piece_at(int64_t t, int64_t p, int64_t T, int64_t units, int64_t pieces,
+                                            int64_t unit_bytes) {
+    const int64_t g0 = t - t % NQ_GROUP, gn = T - g0 < NQ_GROUP ? T - g0 : NQ_GROUP;
+    const int64_t b0 = nq_piece_start(units, pieces, p), b1 = nq_piece_start(units, pieces, p + 1);
+    return (g0 * units + b0 * gn + (t - g0) * (b1 - b0)) * unit_bytes;
+}
+
+// The byte offset of unit b of tile t (of T).
+static inline int64_t nq_unit_at(int64_t t, int64_t b, int64_t T, int64_t units, int64_t pieces, int64_t unit_bytes) {
+    int64_t p = b * pieces / units;  // the piece holding unit b: start(p) <= b < start(p + 1)
+    while (nq_piece_start(units, pieces, p + 1) <= b) p++;
+    return nq_piece_at(t, p, T, units, pieces, unit_bytes) + (b - nq_piece_start(units, pieces, p)) * unit_bytes;
+}
+
 // Chunk c's place in a plane of `bits` bits per value: its vector, and the shift of its bits.
 static inline constexpr int nq_plane_vector(int bits, int c) {
     return bits == 4 ? c & 3 : bits == 2 ? c / 4 : bits == 1 ? 0 : c;
