@@ -220,7 +220,8 @@ void gemm_parts(const int8_t* qp, const float* dp, const int16_t* sp, const floa
     const auto run_spans = [&](int64_t a, int64_t b) { run(a * span, std::min(b * span, tiles)); };
     const int64_t threads = at::get_num_threads(), grain = std::max<int64_t>(1, 32 / std::max<int64_t>(1, M) / span);
     const int64_t span_bytes = weights[0].size(1) * span, by_bytes = std::max<int64_t>(1, CHUNK_BYTES / span_bytes);
-    const int64_t chunk = std::max(grain, std::min(spans / (8 * threads), by_bytes)), chunks = (spans + chunk - 1) / chunk;
+    const int64_t chunk = std::max(grain, std::min(spans / (8 * threads), by_bytes));
+    const int64_t chunks = (spans + chunk - 1) / chunk;
     if (threads == 1 || chunks == 1 || at::in_parallel_region()) {
         run(0, tiles);
         return;

@@ -135,29 +135,14 @@ static inline float unit_float(int type, const uint8_t* unit, int r, int j, int 
     }
 }
 
-// One tile of a weight: where its pieces lie (qtypes.h), and a walk over its units in order.
+// One tile of a weight: where its pieces lie (qtypes.h); a short row's one piece without divisions.
 struct TileAt {
     const uint8_t* w;  // the matrix's first tile
     int64_t t, tiles, units, pieces, ub;
-    const uint8_t* piece(int64_t p) const { return w + nq_piece_at(t, p, tiles, units, pieces, ub); }
-    int64_t start(int64_t p) const { return nq_piece_start(units, pieces, p); }
-};
-
-// at(b) for b = start(p0), start(p0) + 1, ... in turn: unit b, a jump at each piece's start.
-struct UnitWalk {
-    const TileAt& tile;
-    int64_t p, next;
-    const uint8_t* unit = nullptr;
-    UnitWalk(const TileAt& at, int64_t p0) : tile(at), p(p0), next(at.start(p0)) {}
-    const uint8_t* at(int64_t b) {
-        if (b == next) {
-            unit = tile.piece(p);
-            next = tile.start(++p);
-        } else {
-            unit += tile.ub;
-        }
-        return unit;
+    const uint8_t* piece(int64_t p) const {
+        return w + (pieces == 1 ? t * units * ub : nq_piece_at(t, p, tiles, units, pieces, ub));
     }
+    int64_t start(int64_t p) const { return pieces == 1 ? p * units : nq_piece_start(units, pieces, p); }
 };
 
 #if NQ_AVX2
@@ -471,18 +456,18 @@ static inline __m256 k_dmin_mn(const uint8_t* gs, __m256 second) {
     return _mm256_mul_ps(load_i8x8(gs + 8, false), second);
 }
 
-// out[r·ldo + 0..7] for the 8 rows of one tile and R activation rows, over its pieces p0..p1 - 1
-// (p1 < 0: to the last). From p0 > 0 the sums so far come from carry (2·R vectors), and where p1
-// stops short of the last piece they go back there, not to out: a row's sums run in the same order
-// whether the tile is read in one call or a piece at a time (long_row).
-template <int TYPE, int R>
-static void tile_rows(const TileAt& tile, int64_t K, const int8_t* q, const float* d, const int16_t* s,
-                      const float* ds, const int32_t* ks, float* out, int64_t ldo, int valid, int64_t p0 = 0,
-                      int64_t p1 = -1, __m256* carry = nullptr) {
+// out[r·ldo + 0..7] for the 8 rows of one tile and R activation rows, unit b at tile + b·ub. PIECE:
+// units b0..b1 - 1 only (a piece of a long row, qtypes.h): from b0 > 0 the sums so far come from carry
+// (16·R floats), and where b1 stops short of the last unit they go back there, not to out. A row's
+// sums run in the same order whether the tile is read in one call or a piece at a time. (A whole
+// tile's code is its own instance: one row in L2 ran up to 9% slower through the pieces' one.)
+template <int TYPE, int R, bool PIECE = false>
+static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const float* d, const int16_t* s,
+                      const float* ds, const int32_t* ks, float* out, int64_t ldo, int valid, int64_t b0 = 0,
+                      int64_t b1 = 0, float* carry = nullptr) {
     const int gpu = nq_block_elems(TYPE) / 32, ub = nq_unit_bytes(TYPE);
-    const int64_t G = K / 32;
-    if (p1 < 0) p1 = tile.pieces;
-    const int64_t b0 = tile.start(p0), b1 = tile.start(p1);
+    const int64_t units = K / nq_block_elems(TYPE), G = K / 32;
+    if constexpr (!PIECE) b0 = 0, b1 = units;
     // Q4_K, Q5_K (AVX2): per unit Σ_j sc_j·dot_j·d_j, times the unit's d once, and the min terms
     // Σ dmin·mn_j·ds_j in sums of their own, subtracted at the end. Inline for 1 and 2 rows; in a
     // second pass over the tile's scales for more, whose registers are taken. The same sums in the
@@ -494,12 +479,11 @@ static void tile_rows(const TileAt& tile, int64_t K, const int8_t* q, const floa
     constexpr bool unpack_as_used = R == 1 && !NQ_VNNI && (TYPE == NQ_Q3_K || TYPE == NQ_Q6_K || TYPE == NQ_Q5_K);
     __m256 acc[R], mins[R];
     for (int r = 0; r < R; r++) {
-        acc[r] = p0 > 0 ? carry[2 * r] : _mm256_setzero_ps();
-        mins[r] = p0 > 0 ? carry[2 * r + 1] : _mm256_setzero_ps();
+        acc[r] = PIECE && b0 > 0 ? _mm256_loadu_ps(carry + 16 * r) : _mm256_setzero_ps();
+        mins[r] = PIECE && b0 > 0 ? _mm256_loadu_ps(carry + 16 * r + 8) : _mm256_setzero_ps();
     }
-    UnitWalk walk(tile, p0);
     for (int64_t b = b0; b < b1; b++) {
-        const uint8_t* unit = walk.at(b);
+        const uint8_t* unit = tile + b * ub;
         // the lines NQ_AHEAD bytes on requested as each unit is read: weights stream from memory once
         // per token, and the hardware prefetcher stops at every 4 KiB page. Spread over the loop, not
         // a burst per tile: the burst overran the fill buffers (AMD EPYC, 2 threads, 8192x2048
@@ -584,9 +568,8 @@ static void tile_rows(const TileAt& tile, int64_t K, const int8_t* q, const floa
             for (int r = 0; r < R; r++) acc[r] = _mm256_fmadd_ps(unit_acc[r], dw, acc[r]);
     }
     if constexpr (k_mins && !mins_inline) {
-        UnitWalk again(tile, p0);
         for (int64_t b = b0; b < b1; b++) {
-            const uint8_t* unit = again.at(b);
+            const uint8_t* unit = tile + b * ub;
             const __m256 second = load_f16x8(unit + 16);
             for (int j = 0; j < gpu; j++) {
                 const int64_t g = b * gpu + j;
@@ -595,8 +578,11 @@ static void tile_rows(const TileAt& tile, int64_t K, const int8_t* q, const floa
             }
         }
     }
-    if (p1 < tile.pieces) {
-        for (int r = 0; r < R; r++) carry[2 * r] = acc[r], carry[2 * r + 1] = mins[r];
+    if (PIECE && b1 < units) {
+        for (int r = 0; r < R; r++) {
+            _mm256_storeu_ps(carry + 16 * r, acc[r]);
+            _mm256_storeu_ps(carry + 16 * r + 8, mins[r]);
+        }
         return;
     }
     for (int r = 0; r < R; r++) {
@@ -642,16 +628,18 @@ static inline Factors factors(int type, const uint8_t* unit, const uint8_t* gs, 
 
 // The portable path: the same integer sums, one row of the tile at a time (the float ones in
 // another order than AVX2's for Q4_K and Q5_K, whose mins AVX2 subtracts at the end).
-template <int TYPE, int R>
-static void tile_rows(const TileAt& tile, int64_t K, const int8_t* q, const float* d, const int16_t* s,
-                      const float* ds, const int32_t* ks, float* out, int64_t ldo, int valid) {
-    const int gpu = nq_block_elems(TYPE) / 32;
-    const int64_t G = K / 32;
+template <int TYPE, int R, bool PIECE = false>
+static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const float* d, const int16_t* s,
+                      const float* ds, const int32_t* ks, float* out, int64_t ldo, int valid, int64_t b0 = 0,
+                      int64_t b1 = 0, float* carry = nullptr) {
+    const int gpu = nq_block_elems(TYPE) / 32, ub = nq_unit_bytes(TYPE);
+    const int64_t units = K / nq_block_elems(TYPE), G = K / 32;
+    if constexpr (!PIECE) b0 = 0, b1 = units;
     for (int row = 0; row < valid; row++) {
-        float acc[R] = {0};
-        UnitWalk walk(tile, 0);
-        for (int64_t b = 0; b < tile.units; b++) {
-            const uint8_t* unit = walk.at(b);
+        float acc[R];
+        for (int r = 0; r < R; r++) acc[r] = b0 > 0 ? carry[16 * r + row] : 0.0f;
+        for (int64_t b = b0; b < b1; b++) {
+            const uint8_t* unit = tile + b * ub;
             for (int j = 0; j < gpu; j++) {
                 const int64_t g = b * gpu + j;
                 const Factors f = factors(TYPE, unit, group_at(TYPE, unit, j), row);
@@ -671,7 +659,7 @@ static void tile_rows(const TileAt& tile, int64_t K, const int8_t* q, const floa
                 }
             }
         }
-        for (int r = 0; r < R; r++) out[r * ldo + row] = acc[r];
+        for (int r = 0; r < R; r++) (b1 < units ? carry[16 * r + row] : out[r * ldo + row]) = acc[r];
     }
 }
 #endif
@@ -757,18 +745,23 @@ static inline __m512 pair_scales(const uint8_t* ua, const uint8_t* ub) {
     return pair_f(header_scales<TYPE>(ua), header_scales<TYPE>(ub));
 }
 
-// tile_rows<TYPE, R>() of tiles t and t + 1 (both whole), out[r·ldo + 0..15]
-template <int TYPE, int R>
-static void pair_rows(const TileAt& tile, const TileAt& next, int64_t K, const int8_t* q, const float* d,
-                      const int16_t* s, const float* ds, const int32_t* ks, float* out, int64_t ldo) {
-    const int gpu = nq_block_elems(TYPE) / 32;
-    const int64_t G = K / 32;
+// tile_rows<TYPE, R>() of tiles t and t + 1 (both whole), out[r·ldo + 0..15]: tile t + 1's units
+// `apart` bytes after tile t's, units b0..b1 - 1 with sums carried as tile_rows' (32·R floats)
+template <int TYPE, int R, bool PIECE = false>
+static void pair_rows(const uint8_t* tile, int64_t apart, int64_t K, const int8_t* q, const float* d,
+                      const int16_t* s, const float* ds, const int32_t* ks, float* out, int64_t ldo, int64_t b0 = 0,
+                      int64_t b1 = 0, float* carry = nullptr) {
+    const int gpu = nq_block_elems(TYPE) / 32, ub = nq_unit_bytes(TYPE);
+    const int64_t units = K / nq_block_elems(TYPE), G = K / 32;
+    if constexpr (!PIECE) b0 = 0, b1 = units;
     __m512 acc[R], mins[R];
-    for (int r = 0; r < R; r++) acc[r] = mins[r] = _mm512_setzero_ps();
-    UnitWalk walk(tile, 0), walk_next(next, 0);
-    for (int64_t b = 0; b < tile.units; b++) {
-        const uint8_t* ua = walk.at(b);
-        const uint8_t* ux = walk_next.at(b);  // tile t + 1's unit
+    for (int r = 0; r < R; r++) {
+        acc[r] = PIECE && b0 > 0 ? _mm512_loadu_ps(carry + 32 * r) : _mm512_setzero_ps();
+        mins[r] = PIECE && b0 > 0 ? _mm512_loadu_ps(carry + 32 * r + 16) : _mm512_setzero_ps();
+    }
+    for (int64_t b = b0; b < b1; b++) {
+        const uint8_t* ua = tile + b * ub;
+        const uint8_t* ux = ua + apart;  // tile t + 1's unit
         const __m512 dw = pair_scales<TYPE>(ua, ux);
         const __m512 second = nq_has_min(TYPE) ? pair_f(load_f16x8(ua + 16), load_f16x8(ux + 16)) : _mm512_setzero_ps();
         __m512 unit_acc[offset_chains<TYPE>() ? R : 1];
@@ -806,9 +799,32 @@ static void pair_rows(const TileAt& tile, const TileAt& next, int64_t K, const i
         if constexpr (offset_chains<TYPE>())
             for (int r = 0; r < R; r++) acc[r] = _mm512_fmadd_ps(unit_acc[r], dw, acc[r]);
     }
+    if (PIECE && b1 < units) {
+        for (int r = 0; r < R; r++) {
+            _mm512_storeu_ps(carry + 32 * r, acc[r]);
+            _mm512_storeu_ps(carry + 32 * r + 16, mins[r]);
+        }
+        return;
+    }
     for (int r = 0; r < R; r++) {
         if constexpr (nq_has_min(TYPE)) acc[r] = _mm512_add_ps(acc[r], mins[r]);
         _mm512_storeu_ps(out + r * ldo, acc[r]);
+    }
+}
+
+// pair_rows over two tiles' pieces in turn (qtypes.h)
+template <int TYPE, int R>
+static void pair_pieces(const TileAt& tile, const TileAt& next, int64_t K, const int8_t* q, const float* d,
+                        const int16_t* s, const float* ds, const int32_t* ks, float* out, int64_t ldo) {
+    if (tile.pieces == 1) {
+        pair_rows<TYPE, R>(tile.piece(0), next.piece(0) - tile.piece(0), K, q, d, s, ds, ks, out, ldo);
+        return;
+    }
+    alignas(64) float carry[32 * R];
+    for (int64_t p = 0; p < tile.pieces; p++) {
+        const uint8_t* at = tile.piece(p);
+        pair_rows<TYPE, R, true>(at - tile.start(p) * tile.ub, next.piece(p) - at, K, q, d, s, ds, ks, out, ldo,
+                                 tile.start(p), tile.start(p + 1), carry);
     }
 }
 #endif
@@ -830,12 +846,20 @@ static inline const int32_t* chain_starts(const int16_t* s, int64_t n) {
     return held;
 }
 
+// tile_rows of activation rows m..m + R - 1, over the tile's pieces in turn (qtypes.h)
 template <int TYPE, int R>
 static inline void tile_step(const TileAt& tile, int64_t K, int64_t m, const int8_t* q, const float* d,
                              const int16_t* s, const float* ds, const int32_t* ks, float* o, int64_t ldo, int valid) {
     const int64_t G = K / 32;
-    tile_rows<TYPE, R>(tile, K, q + m * K, d + m * G, s + m * 2 * G, ds + m * G, ks ? ks + m * 2 * G : ks, o + m * ldo,
-                       ldo, valid);
+    q += m * K, d += m * G, s += m * 2 * G, ds += m * G, ks = ks ? ks + m * 2 * G : ks, o += m * ldo;
+    if (tile.pieces == 1) {
+        tile_rows<TYPE, R>(tile.piece(0), K, q, d, s, ds, ks, o, ldo, valid);
+        return;
+    }
+    alignas(64) float carry[16 * R];
+    for (int64_t p = 0; p < tile.pieces; p++)
+        tile_rows<TYPE, R, true>(tile.piece(p) - tile.start(p) * tile.ub, K, q, d, s, ds, ks, o, ldo, valid,
+                                 tile.start(p), tile.start(p + 1), carry);
 }
 
 // Rows m..M-1 of one tile in the steps of 16 (VNNI), 8, 4 and fewer rows.
@@ -861,22 +885,25 @@ static void gemm_rest(const TileAt& tile, int64_t K, int64_t m, const int8_t* q,
 // in the order they are stored: piece p of each of the group's tiles in turn, each tile's sums
 // carried to its next piece, so that piece p of the row stays in L1 while the tiles stream past.
 // The same sums in the same order as a tile read whole: the same bits (tested). One row times
-// 96000 x 8960 weights from memory, 2 threads, against whole tiles one after another: Q4_K 1.10x,
-// Q5_K 1.08x, Q6_K 1.07x, Q4_0 1.08x, Q8_0 1.05x (Zen 4, bench/kernels_ab.py --against 0d8bc7d).
+// 96000 x 8960 weights from memory, 2 threads, against whole tiles one after another: Q4_K 1.16x,
+// Q5_K 1.07x, Q6_K 1.06x, Q4_0 1.11x, Q8_0 1.07x (Zen 4, bench/kernels_ab.py --against 0d8bc7d).
 template <int TYPE>
 static void long_row(const uint8_t* w, int64_t t0, int64_t t1, int64_t N, int64_t K, const int8_t* q,
                      const float* d, const int16_t* s, const float* ds, const int32_t* ks, float* out) {
-    const int64_t tiles = (N + NQ_TILE - 1) / NQ_TILE, pieces = nq_pieces(K);
-    __m256 carry[2 * NQ_GROUP];
+    const int64_t tiles = (N + NQ_TILE - 1) / NQ_TILE, units = K / nq_block_elems(TYPE), pieces = nq_pieces(K);
+    constexpr int64_t ub = nq_unit_bytes(TYPE);
+    alignas(64) float carry[16 * NQ_GROUP];
     for (int64_t g0 = t0 - t0 % NQ_GROUP; g0 < t1; g0 += NQ_GROUP) {
         const int64_t lo = t0 > g0 ? t0 : g0, hi = t1 < g0 + NQ_GROUP ? t1 : g0 + NQ_GROUP;
-        for (int64_t p = 0; p < pieces; p++)
-            for (int64_t t = lo; t < hi; t++) {
-                const TileAt tile{w, t, tiles, K / nq_block_elems(TYPE), pieces, nq_unit_bytes(TYPE)};
-                const int valid = (int)(N - t * NQ_TILE < NQ_TILE ? N - t * NQ_TILE : NQ_TILE);
-                tile_rows<TYPE, 1>(tile, K, q, d, s, ds, ks, out + t * NQ_TILE, 0, valid, p, p + 1,
-                                   carry + 2 * (t - g0));
-            }
+        for (int64_t p = 0; p < pieces; p++) {
+            const int64_t b0 = nq_piece_start(units, pieces, p), b1 = nq_piece_start(units, pieces, p + 1);
+            // piece p of tile g0, then of g0 + 1, ..., each (b1 - b0) units; as tile_rows takes them
+            const uint8_t* region = w + nq_piece_at(g0, p, tiles, units, pieces, ub) - b0 * ub;
+            for (int64_t t = lo; t < hi; t++)
+                tile_rows<TYPE, 1, true>(region + (t - g0) * (b1 - b0) * ub, K, q, d, s, ds, ks, out + t * NQ_TILE, 0,
+                                         (int)(N - t * NQ_TILE < NQ_TILE ? N - t * NQ_TILE : NQ_TILE), b0, b1,
+                                         carry + 16 * (t - g0));
+        }
     }
 }
 #endif
@@ -909,8 +936,8 @@ static int gemm_type(const uint8_t* w, int64_t t0, int64_t t1, int64_t N, int64_
             if (M >= 16 && t + 1 < t1 && N - t * NQ_TILE >= 2 * NQ_TILE) {
                 const TileAt next = tile_at(t + 1);
                 for (; m + 16 <= M; m += 16)
-                    pair_rows<TYPE, 16>(tile, next, K, q + m * K, d + m * G, s + m * 2 * G, ds + m * G,
-                                        ks ? ks + m * 2 * G : ks, o + m * ldo, ldo);
+                    pair_pieces<TYPE, 16>(tile, next, K, q + m * K, d + m * G, s + m * 2 * G, ds + m * G,
+                                          ks ? ks + m * 2 * G : ks, o + m * ldo, ldo);
                 gemm_rest<TYPE>(tile, K, m, q, d, s, ds, ks, M, o, ldo, NQ_TILE);
                 gemm_rest<TYPE>(next, K, m, q, d, s, ds, ks, M, o + NQ_TILE, ldo, NQ_TILE);
                 t++;
