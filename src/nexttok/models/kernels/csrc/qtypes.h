@@ -112,8 +112,9 @@ static inline constexpr int64_t nq_piece_at(int64_t t, int64_t p, int64_t T, int
     return (g0 * units + b0 * gn + (t - g0) * (b1 - b0)) * unit_bytes;
 }
 
-// The byte offset of unit b of tile t (of T).
+// The byte offset of unit b of tile t (of T); a short row's without divisions (repack's every unit).
 static inline int64_t nq_unit_at(int64_t t, int64_t b, int64_t T, int64_t units, int64_t pieces, int64_t unit_bytes) {
+    if (pieces == 1) return (t * units + b) * unit_bytes;
     int64_t p = b * pieces / units;  // the piece holding unit b: start(p) <= b < start(p + 1)
     while (nq_piece_start(units, pieces, p + 1) <= b) p++;
     return nq_piece_at(t, p, T, units, pieces, unit_bytes) + (b - nq_piece_start(units, pieces, p)) * unit_bytes;
