@@ -66,6 +66,9 @@ def test_experts_of_long_rows_are_laid_out_each_alone(isa):
              for name, (kind, _, k) in shapes.items()}
     values = {name: reference(kind, raws[name]).view(e, rows, k) for name, (kind, rows, k) in shapes.items()}
     block = BlockExperts([tiled["gate"], tiled["up"]], [tiled["down"]], e, isa, ("silu", 1.0, 0.0))
+    wrong = kernels.Tiled("Q4_K", tiled["down"].tiles, e * hidden, inner, matrices=5)  # 672 rows: not 5 matrices
+    with pytest.raises(RuntimeError, match="672 rows are not 5 matrices of whole tiles of 8"):
+        kernels.dequantize(wrong, torch.arange(2))
     for g in range(e):
         gate_up, down = block.expert_values(g)
         assert torch.equal(gate_up, torch.cat((values["gate"][g], values["up"][g])))
