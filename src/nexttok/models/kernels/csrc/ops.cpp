@@ -87,7 +87,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize(const at::Te
     return {q, d, s, ds};
 }
 
-int64_t tile_bytes(int64_t type, int64_t K) { return K / nq_block_elems((int)type) * nq_unit_bytes((int)type); }
+int64_t tile_bytes(int64_t type, int64_t K) { return nq_tile_bytes((int)type, K); }
 
 void check_type(int64_t type, int64_t K, const char* op) {
     TORCH_CHECK(nq_known((int)type), "nexttok_q.", op, ": unsupported block type ", type);

@@ -219,7 +219,7 @@ void repack_tile(const uint8_t* raw, int64_t N, int64_t K, uint8_t* out, int64_t
 const uint8_t* matrix_of(const uint8_t* w, int type, int64_t N, int64_t K, int64_t* row) {
     const int64_t m = *row / N, tiles = (N + NQ_TILE - 1) / NQ_TILE;
     *row %= N;
-    return w + m * tiles * (K / nq_block_elems(type)) * nq_unit_bytes(type);
+    return w + m * tiles * nq_tile_bytes(type, K);
 }
 
 }  // namespace

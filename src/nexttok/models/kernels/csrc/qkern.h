@@ -135,14 +135,12 @@ static inline float unit_float(int type, const uint8_t* unit, int r, int j, int 
     }
 }
 
-// One tile of a weight: where its pieces lie (qtypes.h); a short row's one piece without divisions.
+// One tile of a weight: where its pieces lie (qtypes.h).
 struct TileAt {
     const uint8_t* w;  // the matrix's first tile
     int64_t t, tiles, units, pieces, ub;
-    const uint8_t* piece(int64_t p) const {
-        return w + (pieces == 1 ? t * units * ub : nq_piece_at(t, p, tiles, units, pieces, ub));
-    }
-    int64_t start(int64_t p) const { return pieces == 1 ? p * units : nq_piece_start(units, pieces, p); }
+    const uint8_t* piece(int64_t p) const { return w + nq_piece_at(t, p, tiles, units, pieces, ub); }
+    int64_t start(int64_t p) const { return nq_piece_start(units, pieces, p); }
 };
 
 #if NQ_AVX2

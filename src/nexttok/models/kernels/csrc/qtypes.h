@@ -84,6 +84,9 @@ static inline constexpr int nq_planes(int type) { return 32 * (nq_low_bits(type)
 static inline constexpr int nq_unit_bytes(int type) {  // one file block of 8 rows, repacked
     return nq_header(type) + nq_block_elems(type) / 32 * (nq_group_scales(type) + nq_planes(type));
 }
+static inline constexpr int64_t nq_tile_bytes(int type, int64_t K) {  // 8 rows of K values, repacked
+    return K / nq_block_elems(type) * nq_unit_bytes(type);
+}
 
 // Where a weight's units lie. A weight is a matrix of N rows (stacked experts: each expert's rows
 // one such matrix, one after another), T = (N + 7) / 8 tiles of `units` units each. Rows of up to
@@ -95,18 +98,23 @@ static inline constexpr int nq_unit_bytes(int type) {  // one file block of 8 ro
 // 8960 Q4_K values are 40 KiB each, which pushed the row out before the next tile read it. Short rows
 // are the one piece of the same formula, and a group's bytes are its rows' alone, repacked as a matrix
 // of their own: a weight may be repacked a run of whole groups at a time. Rows of 3584 and 4864
-// values read no faster in pieces (bench/kernels_ab.py, one row from memory), while products of
-// several rows read a tile's pieces a few per cent slower than its units in one run: rows stay whole
-// up to 5120 values, which keeps the 4096-value rows of 7-8B models' q/k/v and gate/up as they were.
+// values read no faster in pieces (with this bound lowered to 3072, bench/kernels_ab.py, one row from
+// memory), and products of several rows read a tile's pieces from 0.95x to 1.12x as fast as its units
+// in one run: rows stay whole up to 5120 values, which keeps the 4096-value rows of 7-8B models' q/k/v
+// and gate/up as they were.
 enum { NQ_GROUP = 12 };
 static constexpr int64_t NQ_LONG_ROW = 5120, NQ_PIECE = 2048;
 
 static inline constexpr int64_t nq_pieces(int64_t K) { return K > NQ_LONG_ROW ? (K + NQ_PIECE - 1) / NQ_PIECE : 1; }
-static inline constexpr int64_t nq_piece_start(int64_t units, int64_t pieces, int64_t p) { return units * p / pieces; }
+// Where piece p starts (in units); a short row's one piece without a division.
+static inline constexpr int64_t nq_piece_start(int64_t units, int64_t pieces, int64_t p) {
+    return pieces == 1 ? units * p : units * p / pieces;
+}
 
 // The byte offset of piece p of tile t (of T), its units one after another from there.
 static inline constexpr int64_t nq_piece_at(int64_t t, int64_t p, int64_t T, int64_t units, int64_t pieces,
                                             int64_t unit_bytes) {
+    if (pieces == 1) return t * units * unit_bytes;
     const int64_t g0 = t - t % NQ_GROUP, gn = T - g0 < NQ_GROUP ? T - g0 : NQ_GROUP;
     const int64_t b0 = nq_piece_start(units, pieces, p), b1 = nq_piece_start(units, pieces, p + 1);
     return (g0 * units + b0 * gn + (t - g0) * (b1 - b0)) * unit_bytes;
