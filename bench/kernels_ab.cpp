@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -40,6 +42,7 @@ static double seconds() {
 }
 
 int main(int argc, char** argv) {
+    syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */);  // AMX's tiles, where there are any
     if (argc != 7) {
         fprintf(stderr, "usage: kernels_ab TYPE N K ROWS ROUNDS REPEAT\n");
         return 2;

@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CSRC = "src/nexttok/models/kernels/csrc"
 TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13,
          "Q6_K": 14, "IQ4_NL": 20, "IQ4_XS": 23, "MXFP4": 39}
-UNIT = {"avx2": "q_avx2.cpp", "avx512-vnni": "q_vnni.cpp"}
+UNIT = {"avx2": "q_avx2.cpp", "avx512-vnni": "q_vnni.cpp", "amx": "q_amx.cpp"}
+NAMESPACE = {"avx2": "nq_avx2", "avx512-vnni": "nq_vnni", "amx": "nq_amx"}
 
 
 def source(ref: str | None, name: str) -> str:
@@ -45,17 +46,17 @@ def source(ref: str | None, name: str) -> str:
     return shown.stdout
 
 
-def build(workdir: Path, against: str, isa: str) -> Path:
+def build(workdir: Path, against: str, isa: str, against_isa: str) -> Path:
     objects = []
-    for side, ref in (("a", against), ("b", None)):
+    for side, ref, unit_isa in (("a", against, against_isa), ("b", None, isa)):
         folder = workdir / side
         folder.mkdir()
         for name in ("qkern.h", "qtypes.h"):
             (folder / name).write_text(source(ref, name))
-        unit = source(ref, UNIT[isa])
-        namespace = "nq_vnni" if isa == "avx512-vnni" else "nq_avx2"
+        unit = source(ref, UNIT[unit_isa])
+        namespace = NAMESPACE[unit_isa]
         if f"#define NQ_NS {namespace}" not in unit:
-            raise SystemExit(f"kernels_ab: {UNIT[isa]} at {ref or 'this tree'} does not define NQ_NS {namespace}")
+            raise SystemExit(f"kernels_ab: {UNIT[unit_isa]} at {ref or 'this tree'} does not define NQ_NS {namespace}")
         (folder / "unit.cpp").write_text(unit.replace(f"#define NQ_NS {namespace}", f"#define NQ_NS nq_{side}"))
         objects.append(folder / "unit.o")
         compile_step(["-c", str(folder / "unit.cpp"), "-o", str(objects[-1])])
@@ -94,11 +95,16 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--isa", choices=list(UNIT), help="default: AVX-512 VNNI where the CPU has it, else AVX2")
+    parser.add_argument("--against-isa", choices=list(UNIT), help="A's instruction set (default: --isa's); e.g. "
+                        "--isa amx --against-isa avx512-vnni --against HEAD: AMX's steps against VNNI's")
     args = parser.parse_args()
     flags = cpu_flags()
     isa = args.isa or ("avx512-vnni" if {"avx512vl", "avx512_vnni"} <= flags else "avx2")
-    if "avx2" not in flags or (isa == "avx512-vnni" and "avx512_vnni" not in flags):
-        raise SystemExit(f"kernels_ab: this CPU does not run {isa}")
+    against_isa = args.against_isa or isa
+    needs = {"avx2": {"avx2"}, "avx512-vnni": {"avx2", "avx512vl", "avx512_vnni"},
+             "amx": {"avx2", "avx512vl", "avx512_vnni", "amx_int8"}}
+    if missing := [i for i in (isa, against_isa) if not needs[i] <= flags]:
+        raise SystemExit(f"kernels_ab: this CPU does not run {missing[0]}")
     if not shutil.which("g++"):
         raise SystemExit("kernels_ab: needs g++")
     kinds = [t.strip() for t in args.types.split(",") if t.strip()]
@@ -114,8 +120,8 @@ def main() -> None:
         raise SystemExit("kernels_ab: N must be a multiple of 8, K of 256, and rows, --threads and --rounds "
                          f"at least 1 (got {n}x{k}, rows {args.rows}, {args.threads} threads, {args.rounds} rounds)")
     with tempfile.TemporaryDirectory(prefix="kernels_ab-") as workdir:
-        program = build(Path(workdir), args.against, isa)
-        print(f"B = this tree, A = {args.against}; {isa}, {n}x{k} weights, {args.threads} thread(s), "
+        program = build(Path(workdir), args.against, isa, against_isa)
+        print(f"B = this tree ({isa}), A = {args.against} ({against_isa}); {n}x{k} weights, {args.threads} thread(s), "
               f"{args.rounds} rounds", flush=True)
         for kind in kinds:
             for count in rows:

@@ -29,12 +29,24 @@ def test_compares_this_tree_with_a_commit():
                "--isa", "avx2")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()
-    assert lines[0].startswith("B = this tree, A = HEAD; avx2, 16x512 weights, 1 thread(s), 2 rounds")
+    assert lines[0].startswith("B = this tree (avx2), A = HEAD (avx2); 16x512 weights, 1 thread(s), 2 rounds")
     assert [line.split()[:2] for line in lines[1:]] == [["Q8_0", "1"], ["Q8_0", "3"], ["Q4_K", "1"], ["Q4_K", "3"]]
     for line in lines[1:]:
         assert "x A (" in line, line
         diff, largest = line.split("differ by ")[1].split(" of ")
         assert float(diff) <= 1e-5 * float(largest), line  # the same kernels but for summation order
+
+
+@needs
+@pytest.mark.skipif(not {"avx512_vnni", "amx_int8"} <= cpu_flags(), reason="needs AVX-512 VNNI and AMX-INT8")
+def test_compares_amx_with_vnni():
+    """B's AMX steps (16 rows) against A's vpdpbusd ones: the same integers, so the same bits."""
+    done = run("--against", "HEAD", "--isa", "amx", "--against-isa", "avx512-vnni", "--types", "Q4_0,Q6_K",
+               "--rows", "16", "--shape", "16,512", "--rounds", "2")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert lines[0].startswith("B = this tree (amx), A = HEAD (avx512-vnni); 16x512 weights")
+    assert len(lines) == 3 and all("outputs differ by 0 of" in line for line in lines[1:]), lines
 
 
 @needs

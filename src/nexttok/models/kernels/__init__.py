@@ -17,9 +17,10 @@
                        small torch ops they take (a decode step of the default model is ~30 µs of
                        matmul per layer and was ~200 µs of such ops; `takes(x)` says when they apply)
 
-The instruction set is picked at run time from what the CPU has (`best_isa()`): AVX-512 VNNI
-(vpdpbusd), AVX2 (vpmaddubsw + vpmaddwd), or the portable C++ path; each call names its own, so
-tests run every path the machine can. The extension is compiled by torch.utils.cpp_extension into
+The instruction set is picked at run time from what the CPU has (`best_isa()`): AVX-512 VNNI with
+AMX-INT8 (prefill's 16-row steps on tiles, the same bits), AVX-512 VNNI (vpdpbusd), AVX2
+(vpmaddubsw + vpmaddwd), or the portable C++ path; each call names its own, so tests run every path
+the machine can. The extension is compiled by torch.utils.cpp_extension into
 the nexttok cache (kernels/<hash of the sources and torch version>), which `scripts/setup.sh`
 fills; later processes only load it. With no C++ compiler (or a failed build) `load()` says why in
 one line on stderr and returns None: the loaders then fall back to torch's kernels.
@@ -43,9 +44,9 @@ from nexttok.home import cache_home
 from nexttok.models.kernels.slabs import tile_memory
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("ops.cpp", "decode.cpp", "select.cpp", "q_generic.cpp", "q_avx2.cpp", "q_vnni.cpp")
+SOURCES = ("ops.cpp", "decode.cpp", "select.cpp", "q_generic.cpp", "q_avx2.cpp", "q_vnni.cpp", "q_amx.cpp")
 CFLAGS = ("-O3", "-fno-math-errno", "-fopenmp")
-ISAS = ("portable", "avx2", "avx512-vnni")  # the isa argument's values 0, 1, 2
+ISAS = ("portable", "avx2", "avx512-vnni", "amx")  # the isa argument's values 0, 1, 2, 3
 # ggml type numbers of the block formats the kernels run, with (values, bytes) per block
 BLOCKS = {"Q4_0": (2, 32, 18), "Q4_1": (3, 32, 20), "Q5_0": (6, 32, 22), "Q5_1": (7, 32, 24),
           "Q8_0": (8, 32, 34), "Q2_K": (10, 256, 84), "Q3_K": (11, 256, 110), "Q4_K": (12, 256, 144),
@@ -129,10 +130,11 @@ def _eager():
 
 
 def best_isa() -> int:
-    """The fastest instruction set this CPU runs: 2 AVX-512 VNNI, 1 AVX2, 0 portable."""
+    """The fastest instruction set this CPU runs: 3 AVX-512 VNNI with AMX-INT8 (prefill's 16-row steps
+    on tiles; Linux must grant the tile state), 2 AVX-512 VNNI, 1 AVX2, 0 portable."""
     if "isa" not in _state:
         features = load().features()
-        _state["isa"] = 2 if features & 2 else 1 if features & 1 else 0
+        _state["isa"] = 3 if features & 4 else 2 if features & 2 else 1 if features & 1 else 0
     return _state["isa"]
 
 

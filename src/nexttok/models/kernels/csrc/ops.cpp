@@ -1,6 +1,6 @@
 // torch ops over the block kernels (qkern.h): torch.ops.nexttok_q.quantize, .mm, .dequantize.
 // Threads come from torch's own pool (at::parallel_for, so torch.set_num_threads rules); the
-// instruction set is the caller's choice per call (0 portable, 1 AVX2, 2 AVX-512 VNNI), so tests
+// instruction set is the caller's choice per call (0 portable, 1 AVX2, 2 AVX-512 VNNI, 3 and AMX), so tests
 // run every path the machine has and nothing here reads global state.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -15,6 +15,12 @@
 #include "ops.h"
 #include "qtypes.h"
 
+#if defined(__x86_64__) && defined(__linux__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 namespace nq_generic {
 void repack(int type, const uint8_t* raw, int64_t N, int64_t K, uint8_t* out);
 void unpack_rows(int type, const uint8_t* w, int64_t N, int64_t K, const int64_t* rows, int64_t n, uint8_t* out);
@@ -23,9 +29,13 @@ void dequantize_rows(int type, const uint8_t* w, int64_t N, int64_t K, const int
 
 namespace nq_ops {
 
+bool amx_usable();
+
 GemmFn gemm_for(int64_t isa) {
-    TORCH_CHECK(isa >= 0 && isa <= 2, "nexttok_q: isa must be 0 (portable), 1 (avx2) or 2 (vnni), got ", isa);
-    return isa == 2 ? nq_vnni::gemm : isa == 1 ? nq_avx2::gemm : nq_generic::gemm;
+    TORCH_CHECK(isa >= 0 && isa <= 3, "nexttok_q: isa must be 0 (portable), 1 (avx2), 2 (vnni) or 3 (amx), got ", isa);
+    // asked here too, not only by features(): a tile instruction before Linux grants the state kills the process
+    TORCH_CHECK(isa != 3 || amx_usable(), "nexttok_q: isa 3 (amx): this CPU or its OS gives no AMX-INT8 tiles");
+    return isa == 3 ? nq_amx::gemm : isa == 2 ? nq_vnni::gemm : isa == 1 ? nq_avx2::gemm : nq_generic::gemm;
 }
 
 QuantFn quant_for(int64_t isa) {
@@ -612,7 +622,29 @@ at::Tensor dequantize(const at::Tensor& w, int64_t type, int64_t N, const at::Te
     return out;
 }
 
-// The instruction sets this CPU (and OS) can run: bit 0 AVX2+FMA+F16C, bit 1 AVX-512 VNNI (with VL, BW).
+// AMX-INT8 usable by this process: the CPU has it (CPUID 7.0 EDX bits 24, 25), the OS keeps the tile
+// state (XCR0 bits 17, 18), and Linux grants this process its 8 KiB of tile data (ARCH_REQ_XCOMP_PERM,
+// asked once; a refusal leaves AMX off, and an AMX instruction without it would kill the process).
+bool amx_usable() {
+#if defined(__x86_64__) && defined(__linux__)
+    static const bool usable = [] {
+        unsigned a, b, c, d;
+        if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((d >> 24) & 1) || !((d >> 25) & 1)) return false;
+        if (!__get_cpuid(1, &a, &b, &c, &d) || !((c >> 27) & 1)) return false;  // OSXSAVE: xgetbv allowed
+        unsigned lo, hi;
+        __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+        if (((lo >> 17) & 3) != 3) return false;
+        constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+        return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    }();
+    return usable;
+#else
+    return false;
+#endif
+}
+
+// The instruction sets this CPU (and OS) can run: bit 0 AVX2+FMA+F16C, bit 1 AVX-512 VNNI (with VL, BW),
+// bit 2 that and AMX-INT8 (amx_usable).
 int64_t features() {
     __builtin_cpu_init();
     int64_t bits = 0;
@@ -620,6 +652,7 @@ int64_t features() {
     if ((bits & 1) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
         bits |= 2;
+    if ((bits & 2) && amx_usable()) bits |= 4;
     return bits;
 }
 
@@ -660,7 +693,7 @@ TORCH_LIBRARY_IMPL(nexttok_q, CPU, m) {
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
-    module.def("features", &features, "bit 0: AVX2+FMA; bit 1: AVX-512 VNNI");
+    module.def("features", &features, "bit 0: AVX2+FMA; bit 1: AVX-512 VNNI; bit 2: and AMX-INT8");
     module.def("tile_bytes", &tile_bytes, "bytes of one tile of 8 rows of K values of a type (qtypes.h)");
     module.attr("GROUP") = (int64_t)NQ_GROUP;  // tiles per group where rows are long (qtypes.h)
     // the eager path calls these directly: a pybind call costs ~1 us less than torch.ops' dispatch

@@ -18,6 +18,7 @@
 NQ_DECLARE(nq_generic)
 NQ_DECLARE(nq_avx2)
 NQ_DECLARE(nq_vnni)
+NQ_DECLARE(nq_amx)
 
 namespace nq_ops {
 
