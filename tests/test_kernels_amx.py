@@ -19,13 +19,14 @@ AMX = kernels.available() and kernels.best_isa() == 3
 @pytest.mark.parametrize("kind", list(kernels.BLOCKS))
 @pytest.mark.parametrize(("rows", "k"), [(40, 512), (24, 256), (100, 5376)])  # 5376: long rows, in pieces
 def test_amx_products_are_the_vnni_bits(kind, rows, k):
-    """16, 32 and 37 rows (two 16-row steps, then 5 rows on vpdpbusd), batches of 8 groups cut by a
-    piece's or the row's end: the same bits as AVX-512 VNNI's for every type (Q2_K, Q8_0 and the
-    per-16 types run vpdpbusd on both)."""
+    """16, 32 and 37 rows (two 16-row steps, then 5 rows on vpdpbusd), and 130 (from 128 rows the steps
+    share two tiles' chunks, made once for every piece), batches of 8 groups cut by a piece's or the
+    row's end: the same bits as AVX-512 VNNI's for every type (Q2_K, Q8_0 and the per-16 types run
+    vpdpbusd on both)."""
     raw = random_blocks(kind, rows, k, seed=5)
     weight = kernels.repack(kind, torch.from_numpy(raw), k)
-    x = torch.randn(37, k, generator=torch.Generator().manual_seed(k))
-    for m in (16, 32, 37):
+    x = torch.randn(130, k, generator=torch.Generator().manual_seed(k))
+    for m in (16, 32, 37, 130):
         vnni, amx = (kernels.mm(kernels.quantize(x[:m], isa), [weight.tiles], [weight.type_id], [rows], isa)
                      for isa in (2, 3))
         assert torch.equal(amx, vnni), m

@@ -758,10 +758,12 @@ static inline __m512 pair_scales(const uint8_t* ua, const uint8_t* ub) {
 // group after group AMX ran Q4_K 5% slower than vpdpbusd (16 rows in L2, one thread); batched, 1.32x
 // (Intel Xeon with AMX, bench/kernels_ab.py --isa amx --against-isa avx512-vnni).
 // The per-16 types (offset_chains), whose halves of 16 values each take a scale, stay on vpdpbusd:
-// a tile multiply a half, group after group, ran them no faster.
+// a tile multiply a half, batched as the others, ran Q6_K and Q3_K 0.90-1.05x (their sums' vpmulld
+// and the halves' loads stay, and are most of their step).
 template <int TYPE>
 static inline constexpr bool amx_pairs() { return NQ_AMX && !offset_chains<TYPE>(); }
 constexpr int AMX_BATCH = 8;  // groups whose dots are taken before their sums are scaled
+constexpr int AMX_SHARED = 128;  // rows from which the 16-row steps share two tiles' chunks made once
 
 struct AmxPalette {
     uint8_t palette, start_row, reserved[14];
@@ -777,39 +779,70 @@ static inline void amx_configure() {
     _tile_loadconfig(&c);
 }
 
-// The dots of units b..b + n - 1 of two tiles (tile t + 1's `apart` bytes after tile t's), at most
-// AMX_BATCH groups, with 16 activation rows K bytes apart: dots[i][16·r + c] for the i-th group from
-// unit b's first, row r and weight row c. The plain nibble types' high chunks (16·u) go in as u.
-template <int TYPE>
-static inline void amx_dots(const uint8_t* tile, int64_t apart, int64_t b, int64_t n, const int8_t* q, int64_t K,
-                            int32_t (*dots)[256]) {
-    constexpr int gpu = nq_block_elems(TYPE) / 32, ub = nq_unit_bytes(TYPE);
-    alignas(64) uint8_t chunks[AMX_BATCH][8 * 64];
-    for (int i = 0; i < n * gpu; i++) {
-        const uint8_t* ua = tile + (b + i / gpu) * ub;
-        const uint8_t* ga = group_at(TYPE, ua, i % gpu);
-        const uint8_t* gb = group_at(TYPE, ua + apart, i % gpu);
+// The chunks of groups g0..g0 + n - 1 of two tiles' units (unit u of tile t at ua(u), of tile t + 1
+// `apart` bytes on) as B: 8 rows of 64 bytes each, at out + 512·(g - g0). The plain nibble types'
+// high chunks (16·u) go in as u.
+template <int TYPE, typename At>
+static inline void amx_chunks(At ua, int64_t apart, int64_t g0, int64_t n, uint8_t* out) {
+    constexpr int gpu = nq_block_elems(TYPE) / 32;
+    for (int64_t i = 0; i < n; i++) {
+        const uint8_t* unit = ua((g0 + i) / gpu);
+        const uint8_t* ga = group_at(TYPE, unit, (int)((g0 + i) % gpu));
+        const uint8_t* gb = group_at(TYPE, unit + apart, (int)((g0 + i) % gpu));
         __m512i w[8];
         pair_chunks<TYPE>(ga + nq_group_scales(TYPE), gb + nq_group_scales(TYPE), w);
         for (int c = 0; c < 8; c++)
-            _mm512_store_si512((__m512i*)(chunks[i] + 64 * c), high_in_place<TYPE>() && c >= 4 ? _mm512_srli_epi16(w[c], 4) : w[c]);
+            _mm512_store_si512((__m512i*)(out + 512 * i + 64 * c), high_in_place<TYPE>() && c >= 4 ? _mm512_srli_epi16(w[c], 4) : w[c]);
     }
-    for (int i = 0; i < n * gpu; i++) {
-        const int8_t* x = q + 32 * ((b * gpu) + i);
+}
+
+// The dots of n groups from g0 (at most AMX_BATCH), their B at chunks (amx_chunks'), with 16 activation rows K
+// bytes apart: dots[i][16·r + c] for group g0 + i, row r and weight row c.
+static inline void amx_dots(const uint8_t* chunks, int64_t g0, int64_t n, const int8_t* q, int64_t K,
+                            int32_t (*dots)[256]) {
+    for (int i = 0; i < n; i++) {
+        const int8_t* x = q + 32 * (g0 + i);
         if (i & 1) {
-            _tile_loadd(4, chunks[i], 64);
+            _tile_loadd(4, chunks + 512 * i, 64);
             _tile_loadd(3, x, K);
             _tile_zero(5);
             _tile_dpbsud(5, 3, 4);
             _tile_stored(5, dots[i], 64);
         } else {
-            _tile_loadd(1, chunks[i], 64);
+            _tile_loadd(1, chunks + 512 * i, 64);
             _tile_loadd(0, x, K);
             _tile_zero(2);
             _tile_dpbsud(2, 0, 1);
             _tile_stored(2, dots[i], 64);
         }
     }
+}
+
+// Every group's chunks of tiles t and t + 1 (amx_chunks), piece by piece, into a buffer of the calling
+// thread's (16·K bytes, grown as needed): null where it cannot grow. Prefill's steps of 16 rows then
+// share them, where each step unpacked them again: at 512 rows Q4_K, Q4_0 and IQ4_XS ran 1.09-1.12x,
+// at 128 rows 1.02-1.08x, at 64 as fast, at 32 0.91x (512 x 1536 in L2, one thread; bench/kernels_ab.py
+// --isa amx --against 9eec73c): hence from AMX_SHARED rows.
+template <int TYPE>
+static inline const uint8_t* amx_pair_chunks(const TileAt& tile, const TileAt& next, int64_t K) {
+    static thread_local uint8_t* held = nullptr;
+    static thread_local int64_t size = 0;
+    const int64_t need = K / 32 * 512;
+    if (need > size) {
+        void* grown = nullptr;
+        if (posix_memalign(&grown, 64, need)) return nullptr;
+        free(held);
+        held = (uint8_t*)grown;
+        size = need;
+    }
+    constexpr int gpu = nq_block_elems(TYPE) / 32;
+    for (int64_t p = 0; p < tile.pieces; p++) {
+        const uint8_t* at = tile.piece(p) - tile.start(p) * tile.ub;
+        const int64_t b0 = tile.start(p), b1 = tile.start(p + 1);
+        amx_chunks<TYPE>([&](int64_t u) { return at + u * tile.ub; }, next.piece(p) - tile.piece(p), b0 * gpu,
+                         (b1 - b0) * gpu, held + b0 * gpu * 512);
+    }
+    return held;
 }
 #else
 template <int TYPE>
@@ -822,7 +855,7 @@ constexpr int AMX_BATCH = 1;
 template <int TYPE, int R, bool PIECE = false>
 static void pair_rows(const uint8_t* tile, int64_t apart, int64_t K, const int8_t* q, const float* d,
                       const int16_t* s, const float* ds, const int32_t* ks, float* out, int64_t ldo, int64_t b0 = 0,
-                      int64_t b1 = 0, float* carry = nullptr) {
+                      int64_t b1 = 0, float* carry = nullptr, const uint8_t* chunks = nullptr) {
     const int gpu = nq_block_elems(TYPE) / 32, ub = nq_unit_bytes(TYPE);
     const int64_t units = K / nq_block_elems(TYPE), G = K / 32;
     if constexpr (!PIECE) b0 = 0, b1 = units;
@@ -835,12 +868,21 @@ static void pair_rows(const uint8_t* tile, int64_t apart, int64_t K, const int8_
     constexpr bool amx = amx_pairs<TYPE>() && R == 16;
     constexpr int batch_units = nq_block_elems(TYPE) >= 32 * AMX_BATCH ? 1 : AMX_BATCH * 32 / nq_block_elems(TYPE);
     alignas(64) int32_t dots[amx ? AMX_BATCH : 1][256];
+#if NQ_AMX
+    alignas(64) uint8_t made[amx ? AMX_BATCH : 1][512];  // the batch's chunks, where none are given
+#endif
     for (int64_t b = b0; b < b1; b++) {
         const uint8_t* ua = tile + b * ub;
         const uint8_t* ux = ua + apart;  // tile t + 1's unit
 #if NQ_AMX
-        if constexpr (amx)
-            if ((b - b0) % batch_units == 0) amx_dots<TYPE>(tile, apart, b, b1 - b < batch_units ? b1 - b : batch_units, q, K, dots);
+        if constexpr (amx) {
+            if ((b - b0) % batch_units == 0) {
+                const int64_t n = (b1 - b < batch_units ? b1 - b : batch_units) * gpu;
+                if (!chunks)  // the batch's chunks, every one stored before the first tile load (above)
+                    amx_chunks<TYPE>([&](int64_t u) { return tile + u * ub; }, apart, b * gpu, n, made[0]);
+                amx_dots(chunks ? chunks + b * gpu * 512 : made[0], b * gpu, n, q, K, dots);
+            }
+        }
 #endif
         const __m512 dw = pair_scales<TYPE>(ua, ux);
         const __m512 second = nq_has_min(TYPE) ? pair_f(load_f16x8(ua + 16), load_f16x8(ux + 16)) : _mm512_setzero_ps();
@@ -897,16 +939,18 @@ static void pair_rows(const uint8_t* tile, int64_t apart, int64_t K, const int8_
 // pair_rows over two tiles' pieces in turn (qtypes.h)
 template <int TYPE, int R>
 static void pair_pieces(const TileAt& tile, const TileAt& next, int64_t K, const int8_t* q, const float* d,
-                        const int16_t* s, const float* ds, const int32_t* ks, float* out, int64_t ldo) {
+                        const int16_t* s, const float* ds, const int32_t* ks, float* out, int64_t ldo,
+                        const uint8_t* chunks = nullptr) {
     if (tile.pieces == 1) {
-        pair_rows<TYPE, R>(tile.piece(0), next.piece(0) - tile.piece(0), K, q, d, s, ds, ks, out, ldo);
+        pair_rows<TYPE, R>(tile.piece(0), next.piece(0) - tile.piece(0), K, q, d, s, ds, ks, out, ldo, 0, 0, nullptr,
+                           chunks);
         return;
     }
     alignas(64) float carry[32 * R];
     for (int64_t p = 0; p < tile.pieces; p++) {
         const uint8_t* at = tile.piece(p);
         pair_rows<TYPE, R, true>(at - tile.start(p) * tile.ub, next.piece(p) - at, K, q, d, s, ds, ks, out, ldo,
-                                 tile.start(p), tile.start(p + 1), carry);
+                                 tile.start(p), tile.start(p + 1), carry, chunks);
     }
 }
 #endif
@@ -1021,9 +1065,13 @@ static int gemm_type(const uint8_t* w, int64_t t0, int64_t t1, int64_t N, int64_
         if constexpr (pairs<TYPE>()) {
             if (M >= 16 && t + 1 < t1 && N - t * NQ_TILE >= 2 * NQ_TILE) {
                 const TileAt next = tile_at(t + 1);
+                const uint8_t* chunks = nullptr;
+#if NQ_AMX
+                if (amx_pairs<TYPE>() && M >= AMX_SHARED) chunks = amx_pair_chunks<TYPE>(tile, next, K);
+#endif
                 for (; m + 16 <= M; m += 16)
                     pair_pieces<TYPE, 16>(tile, next, K, q + m * K, d + m * G, s + m * 2 * G, ds + m * G,
-                                          ks ? ks + m * 2 * G : ks, o + m * ldo, ldo);
+                                          ks ? ks + m * 2 * G : ks, o + m * ldo, ldo, chunks);
                 gemm_rest<TYPE>(tile, K, m, q, d, s, ds, ks, M, o, ldo, NQ_TILE);
                 gemm_rest<TYPE>(next, K, m, q, d, s, ds, ks, M, o + NQ_TILE, ldo, NQ_TILE);
                 t++;
