@@ -7,6 +7,7 @@
 // keeps one core near its ~34 GB/s, and the requests 2 KiB ahead slowed a Q4_K weight from memory
 // (131072x1536, one thread: bench/kernels_ab.py read 0.98-1.29x without them over six runs, median
 // 1.08x); the Qwen2.5-1.5B-shaped Q4_K_M file decoded 1.19x faster without them (alternating
-// processes, 8 rounds). Intel's Xeons with VNNI are not measured yet.
+// processes, 8 rounds). An Intel Xeon with AMX takes q_amx.cpp, which keeps them (1.3-1.5x there); Xeons
+// with VNNI and no AMX are not measured.
 #define NQ_AHEAD 0
 #include "qkern.h"
