@@ -755,11 +755,12 @@ static inline __m512 pair_scales(const uint8_t* ua, const uint8_t* ub) {
 // Tile registers 0-2 hold A, B and C of the even groups, 3-5 of the odd ones. The dots of a batch of
 // 8 groups are taken before any is scaled, and the batch's chunks are all stored before the first
 // tile load: a tile load right after the stores it reads waits for them to reach the cache, and so
-// group after group AMX ran Q4_K 5% slower than vpdpbusd (16 rows in L2, one thread); batched, 1.32x
-// (Intel Xeon with AMX, bench/kernels_ab.py --isa amx --against-isa avx512-vnni).
+// group after group (a first version) AMX ran Q4_K slower than vpdpbusd. Batched, Q4_K at 16 rows in
+// L2 runs 1.48x (Intel Xeon with AMX, one thread; bench/kernels_ab.py --against b648b95 --isa amx
+// --against-isa avx512-vnni --rows 16).
 // The per-16 types (offset_chains), whose halves of 16 values each take a scale, stay on vpdpbusd:
-// a tile multiply a half, batched as the others, ran Q6_K and Q3_K 0.90-1.05x (their sums' vpmulld
-// and the halves' loads stay, and are most of their step).
+// a tile multiply a half, batched as the others (a scratch version), ran Q6_K and Q3_K no faster:
+// their sums' vpmulld and the halves' loads stay, and are most of their step.
 template <int TYPE>
 static inline constexpr bool amx_pairs() { return NQ_AMX && !offset_chains<TYPE>(); }
 constexpr int AMX_BATCH = 8;  // groups whose dots are taken before their sums are scaled
@@ -797,7 +798,9 @@ static inline void amx_chunks(At ua, int64_t apart, int64_t g0, int64_t n, uint8
 }
 
 // The dots of n groups from g0 (at most AMX_BATCH), their B at chunks (amx_chunks'), with 16 activation rows K
-// bytes apart: dots[i][16·r + c] for group g0 + i, row r and weight row c.
+// bytes apart: dots[i][16·r + c] for group g0 + i, row r and weight row c. The even and odd groups'
+// steps are written out twice: GCC's tile intrinsics paste the register number into the assembly, so
+// it cannot be a template argument.
 static inline void amx_dots(const uint8_t* chunks, int64_t g0, int64_t n, const int8_t* q, int64_t K,
                             int32_t (*dots)[256]) {
     for (int i = 0; i < n; i++) {
@@ -821,8 +824,9 @@ static inline void amx_dots(const uint8_t* chunks, int64_t g0, int64_t n, const 
 // Every group's chunks of tiles t and t + 1 (amx_chunks), piece by piece, into a buffer of the calling
 // thread's (16·K bytes, grown as needed): null where it cannot grow. Prefill's steps of 16 rows then
 // share them, where each step unpacked them again: at 512 rows Q4_K, Q4_0 and IQ4_XS ran 1.09-1.12x,
-// at 128 rows 1.02-1.08x, at 64 as fast, at 32 0.91x (512 x 1536 in L2, one thread; bench/kernels_ab.py
-// --isa amx --against 9eec73c): hence from AMX_SHARED rows.
+// at 128 rows 1.02-1.08x (512 x 1536 in L2, one thread; bench/kernels_ab.py --isa amx --against
+// 9eec73c --rows 128,512); with the bound lowered (scratch), 64 rows ran as fast and 32 slower: hence
+// from AMX_SHARED rows.
 template <int TYPE>
 static inline const uint8_t* amx_pair_chunks(const TileAt& tile, const TileAt& next, int64_t K) {
     static thread_local uint8_t* held = nullptr;
