@@ -345,3 +345,19 @@ def test_openapi_lists_the_routes_their_streams_and_errors(server):
     assert pull["502"]["content"]["application/json"]["schema"]["$ref"] == "#/components/schemas/OllamaError"
     push = spec["paths"]["/api/push"]["post"]["responses"]["501"]
     assert push["content"]["application/json"]["schema"]["$ref"] == "#/components/schemas/OllamaError"
+
+
+def test_the_durations_add_up_when_the_first_step_reaches_the_request_late():
+    """The scheduler may have made later steps before the first one reaches the request: the parts
+    (load, prompt eval, eval) must still fit in the total, and load is what is left of it."""
+    from nexttok.generation.loop import Step
+    from nexttok.server.ollama_wire import OllamaWire
+
+    steps = [Step(i, 0, "a", "a", None, None, [], [], None, 0.004 if i == 0 else 0.008, i == 0) for i in range(4)]
+    wire = OllamaWire(model=MODEL, tokenizer=None, prompt_ids=[1, 2], chat=True)
+    wire.arrived -= 0.050  # arrived 50 ms ago; the first step reached it 35 ms after that, when
+    wire.first_at = wire.arrived + 0.035  # some of the three 8 ms steps after it had already run
+    final = wire.final(steps)
+    parts = final["load_duration"] + final["prompt_eval_duration"] + final["eval_duration"]
+    assert final["prompt_eval_duration"] == 4_000_000 and final["eval_duration"] == 24_000_000
+    assert parts <= final["total_duration"] and 0 <= final["load_duration"] <= 23_000_000

@@ -109,12 +109,16 @@ class OllamaWire:
     def final(self, steps: list[Step], content: str = "", calls: list[dict] | None = None) -> dict:
         """The last object: done, why, the counts and durations (and, for generate, the context)."""
         end = time.perf_counter()
-        prefill = steps[0].elapsed
-        waited = (self.first_at or end) - self.arrived - prefill
+        total, prefill = nanoseconds(end - self.arrived), nanoseconds(steps[0].elapsed)
+        evaluated = nanoseconds(sum(s.elapsed for s in steps[1:]))
+        # The first step reaches this request a little after the scheduler made it, and later steps
+        # may already be done by then: first_at - prefill overstates when the prefill began. The
+        # steps ran one after another inside arrival..end, so total - prefill - eval bounds it too.
+        waited = min(nanoseconds((self.first_at or end) - self.arrived) - prefill, total - prefill - evaluated)
         final = {**self.envelope(True), **self.text(content, calls), "done_reason": steps[-1].finish_reason or "length",
-                 "total_duration": nanoseconds(end - self.arrived), "load_duration": nanoseconds(waited),
-                 "prompt_eval_count": len(self.prompt_ids), "prompt_eval_duration": nanoseconds(prefill),
-                 "eval_count": len(steps), "eval_duration": nanoseconds(sum(s.elapsed for s in steps[1:]))}
+                 "total_duration": total, "load_duration": max(0, waited),
+                 "prompt_eval_count": len(self.prompt_ids), "prompt_eval_duration": prefill,
+                 "eval_count": len(steps), "eval_duration": evaluated}
         if self.context:
             final["context"] = [*self.prompt_ids, *(s.token_id for s in steps)]
         return final
