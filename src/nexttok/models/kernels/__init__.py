@@ -143,12 +143,15 @@ FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vn
 
 
 def describe() -> str:
-    """What the kernels dispatch to here, and the CPU's features they could use, in one line:
-    "avx512-vnni (CPU: avx2 fma f16c avx512f ... amx_int8)"."""
+    """What the kernels dispatch to here, whether they request weights ahead (software prefetch:
+    AVX2, and on AVX-512 Intel's CPUs only), and the CPU's features they could use, in one line:
+    "avx512-vnni, prefetching (CPU: avx2 fma f16c avx512f ... amx_int8)"."""
     flags = cpu_flags()
     have = " ".join(f for f in FEATURES if f in flags) or "features unknown"
-    isa = ISAS[best_isa()] if available() else "unavailable (torch's kernels)"
-    return f"{isa} (CPU: {have})"
+    if not available():
+        return f"unavailable (torch's kernels) (CPU: {have})"
+    isa = best_isa()
+    return f"{ISAS[isa]}{', prefetching' if load().prefetching(isa) else ''} (CPU: {have})"
 
 
 @dataclass(frozen=True)

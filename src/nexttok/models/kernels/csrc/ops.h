@@ -14,6 +14,7 @@
     void attend_row(const float* q, const float* k, const float* v, int64_t ldk, int64_t ldv, int64_t S,       \
                     int64_t D, float scale, float sink, float* scores, float* out);                           \
     void gate_range(const float* gate, const float* up, int64_t n, bool gelu, float* out);                    \
+    bool prefetching();                                                                                      \
     }
 NQ_DECLARE(nq_generic)
 NQ_DECLARE(nq_avx2)

@@ -3,11 +3,14 @@
 #define NQ_NS nq_vnni
 #define NQ_AVX2 1
 #define NQ_VNNI 1
-// No software prefetch: on an AMD EPYC Zen 4 (AVX-512 VNNI, 2 MiB pages) the hardware prefetcher alone
-// keeps one core near its ~34 GB/s, and the requests 2 KiB ahead slowed a Q4_K weight from memory
-// (131072x1536, one thread: bench/kernels_ab.py read 0.98-1.29x without them over six runs, median
-// 1.08x); the Qwen2.5-1.5B-shaped Q4_K_M file decoded 1.19x faster without them (alternating
-// processes, 8 rounds). An Intel Xeon with AMX takes q_amx.cpp, which keeps them (1.3-1.5x there); Xeons
-// with VNNI and no AMX are not measured.
-#define NQ_AHEAD 0
+// Software prefetch 2 KiB ahead on Intel's CPUs only (NQ_AHEAD_INTEL: CPUID's vendor, at load). On an AMD
+// EPYC Zen 4 (AVX-512 VNNI, 2 MiB pages) the hardware prefetcher alone keeps one core near its ~34 GB/s, and
+// the requests slowed a Q4_K weight from memory (131072x1536, one thread: bench/kernels_ab.py read
+// 0.98-1.29x without them over six runs, median 1.08x); the Qwen2.5-1.5B-shaped Q4_K_M file decoded 1.19x
+// faster without them (alternating processes, 8 rounds). On an Intel Xeon with AVX-512 VNNI and no AMX
+// they sped one row times a weight from memory up 1.13x (Q4_K, Q6_K), 1.15x (Q4_0), 1.16x (Q5_K), 1.21x
+// (Q8_0) (bench/kernels_ab.py --against b8b2139 --isa avx512-vnni --types Q4_K,Q6_K,Q4_0,Q5_K,Q8_0 --rows 1
+// --shape 96000,1536 --threads 2 --rounds 9), and Xeons with AMX take q_amx.cpp, which keeps them too.
+#define NQ_AHEAD 2048
+#define NQ_AHEAD_INTEL 1
 #include "qkern.h"

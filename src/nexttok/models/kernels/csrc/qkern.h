@@ -24,6 +24,7 @@
 #include <math.h>
 #include <stdlib.h>
 #if NQ_AVX2
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -37,6 +38,22 @@ namespace NQ_NS {
 #ifndef NQ_AHEAD
 #define NQ_AHEAD 2048  // bytes of weights requested ahead of the one being read (tile_rows); 0: none
 #endif
+#ifndef NQ_AHEAD_INTEL
+#define NQ_AHEAD_INTEL 0  // 1: requested ahead only where the CPU is Intel's (q_vnni.cpp)
+#endif
+
+// Whether tile_rows requests weights ahead, fixed when the library loads: x86 (NQ_AVX2), NQ_AHEAD > 0
+// and, under NQ_AHEAD_INTEL, CPUID's vendor "GenuineIntel" (ebx, edx, ecx).
+static const bool ahead_on = [] {
+#if NQ_AVX2 && NQ_AHEAD_INTEL
+    unsigned a, b, c, d;
+    return NQ_AHEAD > 0 && __get_cpuid(0, &a, &b, &c, &d) && b == 0x756e6547 && d == 0x49656e69 && c == 0x6c65746e;
+#elif NQ_AVX2
+    return NQ_AHEAD > 0;
+#else
+    return false;
+#endif
+}();
 
 static inline float f16(const uint8_t* p) {
     uint16_t h;
@@ -488,10 +505,11 @@ static void tile_rows(const uint8_t* tile, int64_t K, const int8_t* q, const flo
         // the lines NQ_AHEAD bytes on requested as each unit is read: weights stream from memory once
         // per token, and the hardware prefetcher stops at every 4 KiB page. Spread over the loop, not
         // a burst per tile: the burst overran the fill buffers (AMD EPYC, 2 threads, 8192x2048
-        // weights from memory: Q4_0 19.4 -> 24 GB/s, Q6_K 17.6 -> 22.4, Q8_0 19.2 -> 22). None on
-        // VNNI (q_vnni.cpp)
+        // weights from memory: Q4_0 19.4 -> 24 GB/s, Q6_K 17.6 -> 22.4, Q8_0 19.2 -> 22). On VNNI,
+        // Intel's CPUs only (q_vnni.cpp)
         if constexpr (NQ_AHEAD > 0)
-            for (int o = 0; o < ub; o += 64) _mm_prefetch((const char*)(unit + NQ_AHEAD + o), _MM_HINT_T0);
+            if (ahead_on)
+                for (int o = 0; o < ub; o += 64) _mm_prefetch((const char*)(unit + NQ_AHEAD + o), _MM_HINT_T0);
         const __m256 dw = header_scales<TYPE>(unit);
         const __m256 second = nq_has_min(TYPE) ? load_f16x8(unit + 16) : _mm256_setzero_ps();
         // AVX2's Q4_K, Q5_K: the unit's Σ sc_j·dot_j·d, times its d once (VNNI's Q3_K, Q6_K likewise)
@@ -1090,6 +1108,9 @@ static int gemm_type(const uint8_t* w, int64_t t0, int64_t t1, int64_t N, int64_
 #endif
     return 0;
 }
+
+// Whether this file's kernels request weights ahead on this CPU (ahead_on).
+bool prefetching() { return ahead_on; }
 
 // Tiles t0..t1 of a repacked (N rows, K values) weight times M quantized activation rows:
 // out[m·ldo + n]. Returns 0; -1 where a buffer could not be had; -2 for a type this file does not know.
