@@ -1,7 +1,7 @@
 """Software prefetch (qkern.h's tile_rows requests each weight line 2 KiB before it reads it): AVX2
 and AMX always, AVX-512 VNNI only on Intel's CPUs, where it sped weights streamed from memory up and
 on AMD's Zen 4 slowed them (q_vnni.cpp). The choice is CPUID's vendor, read in C++ when the library
-loads; here it is checked against the kernel's own /proc/cpuinfo. It changes no result: the kernels'
+loads; here it is checked against Linux's /proc/cpuinfo. It changes no result: the kernels'
 products are tested on whichever side this CPU takes (tests/test_kernels.py)."""
 
 from __future__ import annotations

@@ -144,7 +144,7 @@ FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vn
 
 def describe() -> str:
     """What the kernels dispatch to here, whether they request weights ahead (software prefetch:
-    AVX2, and on AVX-512 Intel's CPUs only), and the CPU's features they could use, in one line:
+    AVX2 and AMX always, AVX-512 VNNI on Intel's CPUs only), and the CPU's features they could use:
     "avx512-vnni, prefetching (CPU: avx2 fma f16c avx512f ... amx_int8)"."""
     flags = cpu_flags()
     have = " ".join(f for f in FEATURES if f in flags) or "features unknown"

@@ -694,9 +694,17 @@ TORCH_LIBRARY_IMPL(nexttok_q, CPU, m) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
     module.def("features", &features, "bit 0: AVX2+FMA; bit 1: AVX-512 VNNI; bit 2: and AMX-INT8");
-    module.def("prefetching", [](int64_t isa) { return isa == 3 ? nq_amx::prefetching() : isa == 2 ? nq_vnni::prefetching()
-                                                   : isa == 1 ? nq_avx2::prefetching() : nq_generic::prefetching(); },
-               "whether an isa's kernels request weights ahead on this CPU (software prefetch)");
+    module.def(
+        "prefetching",
+        [](int64_t isa) {
+            switch (isa) {
+            case 3: return nq_amx::prefetching();
+            case 2: return nq_vnni::prefetching();
+            case 1: return nq_avx2::prefetching();
+            default: return nq_generic::prefetching();
+            }
+        },
+        "whether an isa's kernels request weights ahead on this CPU (software prefetch)");
     module.def("tile_bytes", &tile_bytes, "bytes of one tile of 8 rows of K values of a type (qtypes.h)");
     module.attr("GROUP") = (int64_t)NQ_GROUP;  // tiles per group where rows are long (qtypes.h)
     // the eager path calls these directly: a pybind call costs ~1 us less than torch.ops' dispatch

@@ -1,8 +1,8 @@
 // Matrix-vector (and small matrix-matrix) products over GGUF weights repacked in tiles of 8 rows
 // (qtypes.h), with activations quantized to 8 bits per group of 32.
 //
-// Included once per instruction set by q_generic.cpp, q_avx2.cpp and q_vnni.cpp, each of which
-// defines NQ_NS (its namespace) and NQ_AVX2 / NQ_VNNI before including it, after a
+// Included once per instruction set by q_generic.cpp, q_avx2.cpp, q_vnni.cpp and q_amx.cpp, each of
+// which defines NQ_NS (its namespace) and NQ_AVX2 / NQ_VNNI (/ NQ_AMX) before including it, after a
 // `#pragma GCC target` for its instructions. Only C headers and intrinsics here, and every helper
 // `static inline`, so no function compiled for one instruction set can stand in for another's.
 //
@@ -43,7 +43,8 @@ namespace NQ_NS {
 #endif
 
 // Whether tile_rows requests weights ahead, fixed when the library loads: x86 (NQ_AVX2), NQ_AHEAD > 0
-// and, under NQ_AHEAD_INTEL, CPUID's vendor "GenuineIntel" (ebx, edx, ecx).
+// and, under NQ_AHEAD_INTEL, CPUID's vendor "GenuineIntel" (ebx, edx, ecx). This runs at load on any
+// x86 CPU, under the unit's target pragma: it compiles to cpuid and compares alone (objdump, GCC 12).
 static const bool ahead_on = [] {
 #if NQ_AVX2 && NQ_AHEAD_INTEL
     unsigned a, b, c, d;
