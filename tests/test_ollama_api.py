@@ -15,7 +15,9 @@ import pytest
 
 from json_schemas import SCHEMAS
 from live_server import LiveServer
+from nexttok.generation.loop import Step
 from nexttok.server import create_app
+from nexttok.server.ollama_wire import OllamaWire
 
 ollama = pytest.importorskip("ollama")
 
@@ -350,9 +352,6 @@ def test_openapi_lists_the_routes_their_streams_and_errors(server):
 def test_the_durations_add_up_when_the_first_step_reaches_the_request_late():
     """The scheduler may have made later steps before the first one reaches the request: the parts
     (load, prompt eval, eval) must still fit in the total, and load is what is left of it."""
-    from nexttok.generation.loop import Step
-    from nexttok.server.ollama_wire import OllamaWire
-
     steps = [Step(i, 0, "a", "a", None, None, [], [], None, 0.004 if i == 0 else 0.008, i == 0) for i in range(4)]
     wire = OllamaWire(model=MODEL, tokenizer=None, prompt_ids=[1, 2], chat=True)
     wire.arrived -= 0.050  # arrived 50 ms ago; the first step reached it 35 ms after that, when

@@ -765,7 +765,6 @@ static inline __m512 pair_scales(const uint8_t* ua, const uint8_t* ub) {
     return pair_f(header_scales<TYPE>(ua), header_scales<TYPE>(ub));
 }
 
-#if NQ_AMX
 // ---- AMX (q_amx.cpp): pair_rows' 16 x 16 dots of a group by one tile multiply ----
 // A group's 16 activation rows of 32 bytes are A; the two tiles' 8 chunks are B, one 64-byte row each
 // (chunk c: values 4c..4c+3 of the 16 weight rows, vpdpbusd's layout, which is AMX's); tdpbsud gives
@@ -782,7 +781,9 @@ static inline __m512 pair_scales(const uint8_t* ua, const uint8_t* ub) {
 // their sums' vpmulld and the halves' loads stay, and are most of their step.
 template <int TYPE>
 static inline constexpr bool amx_pairs() { return NQ_AMX && !offset_chains<TYPE>(); }
-constexpr int AMX_BATCH = 8;  // groups whose dots are taken before their sums are scaled
+constexpr int AMX_BATCH = NQ_AMX ? 8 : 1;  // groups whose dots are taken before their sums are scaled
+
+#if NQ_AMX
 constexpr int AMX_SHARED = 128;  // rows from which the 16-row steps share two tiles' chunks made once
 
 struct AmxPalette {
@@ -867,10 +868,6 @@ static inline const uint8_t* amx_pair_chunks(const TileAt& tile, const TileAt& n
     }
     return held;
 }
-#else
-template <int TYPE>
-static inline constexpr bool amx_pairs() { return false; }
-constexpr int AMX_BATCH = 1;
 #endif
 
 // tile_rows<TYPE, R>() of tiles t and t + 1 (both whole), out[r·ldo + 0..15]: tile t + 1's units
